@@ -1,0 +1,162 @@
+"""The decode loop shared by every method: the token buffer, the runners, drafting and committing.
+
+A method is a function `block(session)` that drafts, verifies and calls `session.commit(n, token)`
+once; `decode()` runs blocks until a stop rule fires. Invariant at every block start: the last token
+of the sequence has not been fed to any model (`runner.cached <= length - 1`), so one forward over
+`ids[cached : length + g]` returns the logits of every block position and of the bonus position.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .errors import PolicyError, PromptError
+from .policy import DecodePolicy
+from .routing import SlimVerifier
+from .runner import ModelRunner
+from .sampling import Sampler
+from .stats import DecodeStats
+from .stopping import StopRule
+
+
+@dataclass
+class DecodeResult:
+    token_ids: list[int]  # new tokens only
+    stats: DecodeStats
+    text: str | None = None
+
+
+def context_length(model: nn.Module) -> int | None:
+    config = model.config.get_text_config(decoder=True)
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+class DecodeSession:
+    """State of one decode. `ids`: LongTensor `[1, capacity]`; `length`: committed tokens (prompt + new)."""
+
+    def __init__(self, prompt_ids: Sequence[int], policy: DecodePolicy, target: nn.Module, vocab_size: int,
+                 draft: nn.Module | None = None, slims: Sequence[SlimVerifier] = (), tokenizer=None,
+                 eos_token_ids: Sequence[int] = ()):
+        self.policy = policy
+        device = next(target.parameters()).device
+        self.device = device
+        prompt = list(prompt_ids)
+        if not prompt:
+            raise PromptError("the prompt is empty: give at least one token of text to continue")
+        self.prompt_len = len(prompt)
+        capacity = self.prompt_len + policy.max_new_tokens + policy.gamma + 1
+        for role, model in (("target", target), ("draft", draft)):
+            limit = context_length(model) if model is not None else None
+            if limit is not None and capacity > limit:
+                raise PromptError(
+                    f"the prompt has {self.prompt_len} tokens; with max_new_tokens={policy.max_new_tokens} and "
+                    f"gamma={policy.gamma} decoding needs {capacity} positions but the {role} model supports {limit}"
+                )
+        self.ids = torch.zeros((1, capacity), dtype=torch.long, device=device)
+        self.ids[0, : self.prompt_len] = torch.tensor(prompt, dtype=torch.long, device=device)
+        self.length = self.prompt_len
+        self.generated: list[int] = []
+        self.done = False
+        self.sampler = Sampler(policy.sampling, device, policy.seed)
+        self.stop = StopRule(policy.max_new_tokens, eos_token_ids, policy.stop_strings, tokenizer)
+        self.stats = DecodeStats(method=policy.method, prompt_tokens=self.prompt_len)
+
+        def runner(name, model, new_cache):
+            return ModelRunner(name, model, new_cache, vocab_size, policy.exact_timing)
+
+        self.target = runner("target", target, lambda: _dynamic_cache(target))
+        self.draft = runner("draft", draft, lambda: _dynamic_cache(draft)) if draft is not None else None
+        self.slims = [
+            runner("slim" if len(slims) == 1 else f"slim{k}", s.model, s.new_cache) for k, s in enumerate(slims)
+        ]
+        self.runners = [r for r in (self.draft, *self.slims, self.target) if r is not None]
+        for r in self.runners:
+            r.start()
+
+    @property
+    def remaining(self) -> int:
+        return self.policy.max_new_tokens - len(self.generated)
+
+    def block_size(self, limit: int | None = None) -> int:
+        """Draft tokens for the next block: `gamma`, fewer near `max_new_tokens`, never 0."""
+        return max(1, min(self.policy.gamma, self.remaining, limit or self.policy.gamma))
+
+    def draft_tokens(self, g: int, start: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft `g` tokens autoregressively at positions `start..start+g-1` (default: the end).
+
+        Returns `x`: LongTensor `[g]` (also written into `ids`) and the draft's logits `[g, V]`.
+        The draft's first pass catches up every token it has not seen, in parallel.
+        """
+        start = self.length if start is None else start
+        rows = []
+        for k in range(g):
+            logits = self.draft.forward(self.ids, start + k, 1)[0]
+            self.ids[0, start + k] = self.sampler.pick(logits)
+            rows.append(logits)
+        return self.ids[0, start : start + g].clone(), torch.stack(rows)
+
+    def commit(self, n_keep: int, token: torch.Tensor | int) -> None:
+        """Keep the first `n_keep` block tokens, append `token`, roll every cache back, apply stop rules."""
+        at = self.length + n_keep
+        self.ids[0, at] = token
+        new = self.ids[0, self.length : at + 1].tolist()
+        self.length = at + 1
+        for r in self.runners:
+            r.rollback(min(r.cached, self.length - 1))
+        self.generated.extend(new)
+        keep = self.stop.cut(self.generated)
+        if keep is not None:
+            self.stats.truncated += len(self.generated) - keep
+            del self.generated[keep:]
+            self.length = self.prompt_len + keep
+            self.done = True
+
+    def run(self, block: Callable[[DecodeSession], None]) -> DecodeResult:
+        start = time.perf_counter()
+        while not self.done:
+            block(self)
+        stats = self.stats
+        stats.wall_time_s = time.perf_counter() - start
+        stats.new_tokens = len(self.generated)
+        for r in self.runners:
+            stats.passes[r.name] = r.passes
+            stats.tokens_processed[r.name] = r.tokens
+            stats.time_s[r.name] = r.seconds
+        return DecodeResult(list(self.generated), stats)
+
+
+def _dynamic_cache(model: nn.Module):
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
+def decode(prompt_ids: Sequence[int], policy: DecodePolicy, target: nn.Module, vocab_size: int,
+           draft: nn.Module | None = None, slims: Sequence[SlimVerifier] = (), tokenizer=None,
+           eos_token_ids: Sequence[int] = ()) -> DecodeResult:
+    """Decode `prompt_ids` with `policy.method`: `(models, prompt, policy) -> (tokens, stats)`. Pure:
+    no files, no tracking. Greedy results are deterministic; sampled ones are fixed by `policy.seed`."""
+    from .methods import BLOCKS
+
+    if policy.needs_draft and draft is None:
+        raise PolicyError(f"method {policy.method!r} needs a draft model")
+    if policy.needs_slim and not slims:
+        raise PolicyError(f"method {policy.method!r} needs a slim verifier (a routing mask over the target's layers)")
+    session = DecodeSession(prompt_ids, policy, target, vocab_size, draft=draft if policy.needs_draft else None,
+                            slims=slims if policy.needs_slim else (), tokenizer=tokenizer,
+                            eos_token_ids=eos_token_ids)
+    if policy.method == "viasd":
+        session.stats.direct_by_level = [0] * len(slims)
+        session.stats.slim_accept_by_level = [0] * len(slims)
+        session.stats.regen_by_level = [0] * len(slims)
+    with torch.inference_mode():
+        return session.run(BLOCKS[policy.method])

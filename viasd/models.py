@@ -1,0 +1,208 @@
+"""Loading Hugging Face causal LMs and tokenizers, and the `ModelSet` a decode runs on.
+
+Any decoder-only causal LM works, from a local directory or a hub id (users with network access
+pass ids like `Qwen/Qwen2.5-0.5B`). `trust_remote_code` stays off unless asked; safetensors weights
+are preferred.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .engine import DecodeResult, decode
+from .errors import ModelLoadError, PromptError, VocabularyMismatchError
+from .policy import DecodePolicy
+from .routing import RoutingMask, SlimVerifier, num_decoder_layers
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ModelLoadError(f"unknown device {device!r}; use cpu, cuda, cuda:N, mps or auto") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {device!r} was asked for but this machine has no CUDA device")
+    return dev
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; use auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _looks_local(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or os.sep + os.sep in name or name.count("/") > 1
+
+
+def load_model(name_or_path: str | Path, device: str = "auto", dtype: str = "auto",
+               trust_remote_code: bool = False, revision: str | None = None) -> nn.Module:
+    """A causal LM in eval mode on `device`. Errors name the model and what to do."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    name = str(name_or_path)
+    local = Path(name).expanduser()
+    if not local.exists() and _looks_local(name):
+        raise ModelLoadError(f"model path {name} does not exist")
+    source = str(local) if local.exists() else name
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, revision=revision)
+    except (OSError, ValueError) as err:
+        where = f"directory {source}" if local.exists() else f"'{name}' on the Hugging Face Hub"
+        hint = "" if local.exists() else " (offline? download it and pass its local directory)"
+        raise ModelLoadError(f"cannot load the model config from {where}{hint}: {str(err).splitlines()[0]}") from None
+    if getattr(config, "is_encoder_decoder", False):
+        raise ModelLoadError(f"{name} is an encoder-decoder model ({config.model_type}); viasd decodes decoder-only causal LMs")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            source, config=config, dtype=torch_dtype, trust_remote_code=trust_remote_code, revision=revision,
+        )
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(f"cannot load the model weights of {name}: {str(err).splitlines()[0]}") from None
+    model.to(dev)
+    model.eval()
+    model.requires_grad_(False)
+    log.info("loaded %s (%s, %d layers) on %s as %s", name, config.model_type, num_decoder_layers(model), dev, torch_dtype)
+    return model
+
+
+def load_tokenizer(name_or_path: str | Path, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(name_or_path), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, TypeError) as err:
+        raise ModelLoadError(f"cannot load a tokenizer from {name_or_path}: {str(err).splitlines()[0]}") from None
+
+
+def output_vocab(model: nn.Module) -> int:
+    return model.get_output_embeddings().weight.shape[0]
+
+
+def shared_vocab_size(target: nn.Module, draft: nn.Module | None, tokenizer=None, draft_tokenizer=None) -> int:
+    """The vocabulary the models agree on; logits are cut to it (embeddings are often padded).
+
+    Refuses a draft whose tokenizer maps any token differently, or, without tokenizers, whose output
+    layer differs in size from the target's.
+    """
+    v_target = output_vocab(target)
+    if draft is None:
+        return min(v_target, len(tokenizer)) if tokenizer is not None else v_target
+    v_draft = output_vocab(draft)
+    if tokenizer is not None and draft_tokenizer is not None:
+        if tokenizer.get_vocab() != draft_tokenizer.get_vocab():
+            raise VocabularyMismatchError(
+                f"the draft's vocabulary ({len(draft_tokenizer)} tokens) differs from the target's "
+                f"({len(tokenizer)} tokens): speculative decoding needs one shared tokenizer"
+            )
+        n = len(tokenizer)
+        if v_target < n or v_draft < n:
+            raise VocabularyMismatchError(f"the tokenizer has {n} tokens but a model's output layer has only {min(v_target, v_draft)}")
+        return n
+    if v_target != v_draft:
+        raise VocabularyMismatchError(
+            f"the draft's output vocabulary ({v_draft}) differs from the target's ({v_target}): "
+            "speculative decoding needs one shared vocabulary"
+        )
+    return v_target
+
+
+def eos_ids(model: nn.Module, tokenizer=None) -> tuple[int, ...]:
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if value is not None:
+            return tuple(value) if isinstance(value, (list, tuple)) else (int(value),)
+    return ()
+
+
+@dataclass
+class ModelSet:
+    """Target, optional draft and slim verifiers, and the tokenizer: what `generate` decodes with."""
+
+    target: nn.Module
+    tokenizer: object | None = None
+    draft: nn.Module | None = None
+    slims: list[SlimVerifier] = field(default_factory=list)
+    draft_tokenizer: object | None = None
+
+    def __post_init__(self):
+        self.vocab_size = shared_vocab_size(self.target, self.draft, self.tokenizer, self.draft_tokenizer)
+
+    def add_mask(self, mask: RoutingMask | Sequence[int]) -> SlimVerifier:
+        if not isinstance(mask, RoutingMask):
+            mask = RoutingMask.from_layers(list(mask), num_decoder_layers(self.target), source="keep_layers")
+        slim = SlimVerifier(self.target, mask)
+        self.slims.append(slim)
+        return slim
+
+    def encode(self, prompt: str) -> list[int]:
+        if self.tokenizer is None:
+            raise PromptError("a text prompt needs a tokenizer; pass token ids instead")
+        if not prompt:
+            raise PromptError("the prompt is empty: give some text to continue")
+        return self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+
+    def generate(self, prompt: str | Sequence[int], policy: DecodePolicy | None = None, **overrides) -> DecodeResult:
+        """Decode a text prompt (or token ids) and return new token ids, text and statistics."""
+        policy = policy or DecodePolicy()
+        if overrides:
+            from dataclasses import replace
+
+            policy = replace(policy, **overrides)
+        ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        eos = policy.eos_token_ids if policy.eos_token_ids is not None else eos_ids(self.target, self.tokenizer)
+        result = decode(ids, policy, self.target, self.vocab_size, draft=self.draft, slims=self.slims,
+                        tokenizer=self.tokenizer, eos_token_ids=eos)
+        if self.tokenizer is not None:
+            result.text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+        return result
+
+
+def load_models(target: str | Path, draft: str | Path | None = None, masks: Sequence = (),
+                device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False) -> ModelSet:
+    """Load a target (and draft) and route slim verifiers through `masks` (mask files, `RoutingMask`s or
+    lists of layer indices). The tokenizer is the target's."""
+    target_model = load_model(target, device, dtype, trust_remote_code)
+    draft_model = load_model(draft, device, dtype, trust_remote_code) if draft is not None else None
+    if draft_model is not None:
+        target_device = next(target_model.parameters()).device
+        draft_model.to(target_device)
+    tokenizer = _optional_tokenizer(target, trust_remote_code)
+    draft_tokenizer = _optional_tokenizer(draft, trust_remote_code) if draft is not None else None
+    models = ModelSet(target_model, tokenizer, draft_model, draft_tokenizer=draft_tokenizer)
+    n_layers = num_decoder_layers(target_model)
+    for mask in masks:
+        if isinstance(mask, (str, Path)):
+            mask = RoutingMask.from_json(mask, n_layers)
+        models.add_mask(mask)
+    return models
+
+
+def _optional_tokenizer(name_or_path, trust_remote_code: bool):
+    path = Path(str(name_or_path)).expanduser()
+    if path.is_dir() and not any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")):
+        return None
+    return load_tokenizer(name_or_path, trust_remote_code)

@@ -1,0 +1,95 @@
+"""What to decode with: the method and its parameters (one frozen, validated object)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .errors import PolicyError
+from .sampling import SamplingConfig
+
+METHODS = ("ar", "sd", "cascade_sd", "spec_cascade", "viasd")
+LOSSLESS = frozenset({"ar", "sd", "cascade_sd"})
+SPEC_CASCADE_RULES = ("chow", "diff", "opt", "token_v1", "token_v2", "token_v3")
+
+
+def _as_levels(value, n: int, name: str) -> tuple[float, ...]:
+    values = tuple(float(v) for v in value) if isinstance(value, (list, tuple)) else (float(value),) * max(n, 1)
+    if len(values) != max(n, 1):
+        raise PolicyError(f"{name} has {len(values)} values but there are {n} slim verifiers (give one per level)")
+    if any(math.isnan(v) for v in values):
+        raise PolicyError(f"{name} must be a number (inf switches the tier off), got {value}")
+    return values
+
+
+@dataclass(frozen=True)
+class DecodePolicy:
+    """Decoding method and parameters.
+
+    Common: `gamma` (draft block length), `max_new_tokens`, `sampling`, `seed`, `stop_strings`,
+    `eos_token_ids` (None: the target's own). `viasd`: `tau_accept`, `tau_slim` (a float, or one per
+    slim verifier for the N-tier form; `inf` switches a tier off), `score`, `confidence`, `max_lag`
+    (0 = never force a catch-up). `spec_cascade`: `rule`, `alpha`. `cascade_sd`: `gamma_slim`, the
+    number of slim-level tokens collected before the full model verifies (default `2 * gamma`).
+    """
+
+    method: str = "viasd"
+    gamma: int = 4
+    max_new_tokens: int = 128
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    seed: int = 0
+    stop_strings: tuple[str, ...] = ()
+    eos_token_ids: tuple[int, ...] | None = None
+    tau_accept: float | tuple[float, ...] = 1.0
+    tau_slim: float | tuple[float, ...] = 0.5
+    score: str = "ratio"
+    confidence: str = "max_prob"
+    max_lag: int = 0
+    rule: str = "opt"
+    alpha: float = 0.1
+    gamma_slim: int | None = None
+    exact_timing: bool = True
+
+    def __post_init__(self):
+        from .tiers import CONFIDENCES, SCORES
+
+        if self.method not in METHODS:
+            raise PolicyError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if not isinstance(self.gamma, int) or self.gamma < 1:
+            raise PolicyError(f"gamma (draft block length) must be a positive integer, got {self.gamma!r}")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise PolicyError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if self.score not in SCORES:
+            raise PolicyError(f"unknown score {self.score!r}; choose one of {', '.join(SCORES)}")
+        if self.confidence not in CONFIDENCES:
+            raise PolicyError(f"unknown confidence {self.confidence!r}; choose one of {', '.join(CONFIDENCES)}")
+        if self.rule not in SPEC_CASCADE_RULES:
+            raise PolicyError(f"unknown spec_cascade rule {self.rule!r}; choose one of {', '.join(SPEC_CASCADE_RULES)}")
+        if not self.alpha >= 0:
+            raise PolicyError(f"alpha (lenience) must be >= 0, got {self.alpha}")
+        if self.max_lag < 0:
+            raise PolicyError(f"max_lag must be >= 0 (0 = never force a catch-up), got {self.max_lag}")
+        if self.gamma_slim is not None and self.gamma_slim < 1:
+            raise PolicyError(f"gamma_slim must be a positive integer, got {self.gamma_slim}")
+        for name in ("tau_accept", "tau_slim"):
+            value = getattr(self, name)
+            levels = value if isinstance(value, (list, tuple)) else (value,)
+            if any(not float(v) > 0 for v in levels) and name == "tau_accept" and SCORES[self.score].probabilistic \
+                    and not self.sampling.greedy:
+                raise PolicyError(f"tau_accept must be > 0 for the {self.score!r} score in sampling mode, got {value}")
+
+    @property
+    def lossless(self) -> bool:
+        return self.method in LOSSLESS
+
+    @property
+    def needs_draft(self) -> bool:
+        return self.method != "ar"
+
+    @property
+    def needs_slim(self) -> bool:
+        return self.method in ("viasd", "cascade_sd")
+
+    def levels(self, n_slims: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Per-level (tau_accept, tau_slim) for `n_slims` slim verifiers."""
+        return (_as_levels(self.tau_accept, n_slims, "tau_accept"), _as_levels(self.tau_slim, n_slims, "tau_slim"))

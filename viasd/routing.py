@@ -1,0 +1,239 @@
+"""The routed slim verifier `q'`: the target run with only the decoder layers its mask keeps.
+
+DESIGN.md §2: embeddings, final norm and LM head are shared with the target and no weight is copied,
+so the slim verifier's only memory overhead is its own KV cache.
+
+How the view is built (explicitly, never by mutating the target):
+- the decoder layer stack is found by inspecting the model: the one `nn.ModuleList` whose length is
+  the config's `num_hidden_layers` and whose blocks carry an attention `layer_idx` (Llama, Mistral,
+  Qwen2/3, Gemma2, Phi-3: `model.layers`; GPT-2: `transformer.h`; GPT-NeoX: `gpt_neox.layers`;
+  OPT: `model.decoder.layers`);
+- every module on the path from the root to that list is re-instantiated as a *view*: a new object
+  of the same class whose `_modules`/`_parameters`/`_buffers` are new dicts holding the same
+  children and tensors (a plain `copy.copy` would share the `_modules` dict and so replace the layer
+  list of the target too);
+- the list itself is replaced, in the view only, by a new `ModuleList` of the kept blocks;
+- the view gets its own config: a deep copy of the target's with `num_hidden_layers = len(keep)` and
+  every per-layer list (e.g. Gemma2's `layer_types`) restricted to the kept layers, so that forward
+  loops indexing `config.layer_types[i]` by position pick the kept layer's attention type;
+- each kept block keeps its original `layer_idx`, so its KV cache lives in the same slot as in the
+  target: the view's cache (`RoutedCache`) has the target's `L` slots, with a `DummyLayer` (stores
+  nothing) in every dropped slot.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import nn
+from transformers import DynamicCache
+from transformers.cache_utils import DummyLayer
+
+from .errors import MaskError, UnsupportedArchitectureError
+
+
+def decoder_config(model: nn.Module):
+    """The config that describes the decoder layer stack (the text config of multimodal wrappers)."""
+    config = model.config
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
+def num_decoder_layers(model: nn.Module) -> int:
+    n = getattr(decoder_config(model), "num_hidden_layers", None)
+    if not isinstance(n, int) or n <= 0:
+        raise UnsupportedArchitectureError(
+            f"{type(model).__name__}: its config has no positive `num_hidden_layers`, so its decoder layer "
+            "stack cannot be routed"
+        )
+    return n
+
+
+def _is_decoder_block(module: nn.Module) -> bool:
+    return any(isinstance(getattr(m, "layer_idx", None), int) for m in module.modules())
+
+
+def find_layer_stack(model: nn.Module) -> tuple[str, ...]:
+    """Attribute path from `model` to its decoder layer `ModuleList`, e.g. `("model", "layers")`.
+
+    Raises UnsupportedArchitectureError when no unique stack of `num_hidden_layers` attention blocks
+    is found (an unknown or encoder-decoder layout).
+    """
+    n = num_decoder_layers(model)
+    found = [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, nn.ModuleList)
+        and len(module) == n
+        and all(type(block) is type(module[0]) for block in module)
+        and _is_decoder_block(module[0])
+    ]
+    if len(found) != 1:
+        what = "no" if not found else f"{len(found)} ({', '.join(found)})"
+        raise UnsupportedArchitectureError(
+            f"{type(model).__name__}: found {what} candidate decoder layer stacks of {n} attention blocks; "
+            "viasd routes decoder-only causal LMs with one stack (Llama, Mistral, Qwen2/3, Gemma2, Phi-3, "
+            "GPT-2, GPT-NeoX, OPT, ...)"
+        )
+    return tuple(found[0].split("."))
+
+
+@dataclass(frozen=True)
+class RoutingMask:
+    """Which of the target's `num_layers` decoder layers the slim verifier keeps (sorted, unique)."""
+
+    keep_layers: tuple[int, ...]
+    num_layers: int
+
+    @classmethod
+    def from_layers(cls, layers, num_layers: int, source: str = "mask") -> RoutingMask:
+        """Validate a list of layer indices; errors name `source` (a file name or option)."""
+        if not isinstance(layers, (list, tuple)) or not layers:
+            raise MaskError(f"{source}: the mask keeps no layers; list at least one decoder layer to keep")
+        seen: set[int] = set()
+        for layer in layers:
+            if isinstance(layer, bool) or not isinstance(layer, int):
+                raise MaskError(f"{source}: layer {layer!r} is not an integer layer index")
+            if not 0 <= layer < num_layers:
+                raise MaskError(
+                    f"{source}: layer {layer} is out of range for a target with {num_layers} decoder layers "
+                    f"(valid: 0..{num_layers - 1})"
+                )
+            if layer in seen:
+                raise MaskError(f"{source}: layer {layer} is listed twice")
+            seen.add(layer)
+        return cls(tuple(sorted(seen)), num_layers)
+
+    @classmethod
+    def from_json(cls, path: str | Path, num_layers: int) -> RoutingMask:
+        """Load `{"keep_layers": [...], ...}` as written by the mask search."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise MaskError(f"mask file {path} does not exist") from None
+        except (OSError, json.JSONDecodeError) as err:
+            raise MaskError(f"mask file {path} is not readable JSON: {err}") from None
+        if not isinstance(data, dict) or "keep_layers" not in data:
+            raise MaskError(f'mask file {path} has no "keep_layers" list')
+        return cls.from_layers(data["keep_layers"], num_layers, source=f"mask file {path}")
+
+    @classmethod
+    def parse(cls, text: str, num_layers: int) -> RoutingMask:
+        """Parse `"0,2,5"` (the `--keep-layers` option)."""
+        try:
+            layers = [int(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            raise MaskError(f"--keep-layers {text!r}: expected comma-separated layer indices like 0,2,5") from None
+        return cls.from_layers(layers, num_layers, source=f"--keep-layers {text}")
+
+    @property
+    def keep_ratio(self) -> float:
+        return len(self.keep_layers) / self.num_layers
+
+
+def _view_of(module: nn.Module) -> nn.Module:
+    """A new module object of the same class sharing every child and tensor, with its own dicts."""
+    view = module.__class__.__new__(module.__class__)
+    state = dict(module.__dict__)
+    state["_modules"] = type(module._modules)(module._modules)
+    state["_parameters"] = type(module._parameters)(module._parameters)
+    state["_buffers"] = type(module._buffers)(module._buffers)
+    view.__dict__.update(state)
+    return view
+
+
+def _routed_config(config, keep: tuple[int, ...]):
+    """A copy of `config` describing the kept layers only; the target's config is left untouched."""
+    n = config.num_hidden_layers
+    routed = copy.deepcopy(config)
+    for key, value in vars(config).items():
+        if isinstance(value, (list, tuple)) and len(value) == n and not key.startswith("_"):
+            setattr(routed, key, type(value)(value[i] for i in keep))
+    routed.num_hidden_layers = len(keep)
+    return routed
+
+
+class RoutedCache(DynamicCache):
+    """A DynamicCache with the target's `L` layer slots where dropped layers hold a `DummyLayer`.
+
+    Kept blocks write to their own `layer_idx` slot; sequence length and mask sizes are read from the
+    first real slot (transformers skips dummy slots for both).
+    """
+
+    def __init__(self, config, keep_layers: tuple[int, ...]):
+        super().__init__(config=config)
+        keep = set(keep_layers)
+        self.layers = [layer if i in keep else DummyLayer() for i, layer in enumerate(self.layers)]
+
+
+class SlimVerifier:
+    """The target routed through `mask`: `.model` is a causal LM module sharing the target's weights.
+
+    `model(input_ids: LongTensor[B, T], cache=self.new_cache(), ...)` returns logits `[B, T, V]` over the
+    target's vocabulary, computed by the kept layers only.
+    """
+
+    def __init__(self, target: nn.Module, mask: RoutingMask):
+        n = num_decoder_layers(target)
+        if mask.num_layers != n:
+            raise MaskError(f"the mask was made for {mask.num_layers} decoder layers but the target has {n}")
+        self.mask = mask
+        self.target = target
+        path = find_layer_stack(target)
+        self.config = _routed_config(decoder_config(target), mask.keep_layers)
+        root = _view_of(target)
+        parent = root
+        for name in path[:-1]:
+            child = _view_of(parent._modules[name])
+            parent._modules[name] = child
+            parent = child
+        stack = parent._modules[path[-1]]
+        parent._modules[path[-1]] = nn.ModuleList([stack[i] for i in mask.keep_layers])
+        # Modules on the path whose config describes the stack read the routed copy instead.
+        text_config = decoder_config(target)
+        node = root
+        for name in (None, *path[:-1]):
+            node = node if name is None else node._modules[name]
+            if getattr(node, "config", None) is text_config:
+                node.__dict__["config"] = self.config
+        self.model = root
+
+    def new_cache(self) -> RoutedCache:
+        return RoutedCache(self.target.config, self.mask.keep_layers)
+
+    @property
+    def name(self) -> str:
+        return "slim[" + ",".join(map(str, self.mask.keep_layers)) + "]"
+
+    def relative_cost(self) -> float:
+        """Share of the target's decoder layers this view runs (a first-order cost estimate)."""
+        return self.mask.keep_ratio
+
+
+def evenly_spaced_mask(num_layers: int, keep: int) -> RoutingMask:
+    """`keep` layers spread over the stack, always keeping layer 0 (`every_other` when keep = L/2)."""
+    if not 1 <= keep <= num_layers:
+        raise MaskError(f"cannot keep {keep} of {num_layers} layers")
+    step = num_layers / keep
+    return RoutingMask.from_layers(sorted({int(math.floor(i * step)) for i in range(keep)}), num_layers)
+
+
+def shares_storage(slim: SlimVerifier) -> bool:
+    """True when every tensor of the slim view is a tensor of the target (no copy was made)."""
+    target_ptrs = {t.data_ptr() for t in slim.target.parameters()} | {b.data_ptr() for b in slim.target.buffers()}
+    return all(t.data_ptr() in target_ptrs for t in slim.model.parameters())
+
+
+__all__ = [
+    "RoutingMask",
+    "SlimVerifier",
+    "RoutedCache",
+    "find_layer_stack",
+    "num_decoder_layers",
+    "evenly_spaced_mask",
+    "shares_storage",
+]

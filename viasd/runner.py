@@ -1,0 +1,86 @@
+"""A model with its own KV cache over the shared token sequence, and counters for its work."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+
+class ModelRunner:
+    """Runs one causal LM (target, draft or a routed slim view) incrementally.
+
+    `cached` is how many tokens of the sequence are in the KV cache. `forward(ids, upto, n)` feeds the
+    tokens `ids[0, cached:upto]` in one parallel pass and returns the logits of the last `n` of them;
+    `rollback(n)` drops cache entries past position `n` exactly (`DynamicCache.crop(-k)`), so a
+    rejected draft leaves no trace. Work per call grows with the tokens fed, not with the sequence.
+    """
+
+    def __init__(self, name: str, model: nn.Module, new_cache: Callable, vocab_size: int, exact_timing: bool = True):
+        self.name = name
+        self.model = model
+        self._new_cache = new_cache
+        self.vocab_size = vocab_size
+        self.device = next(model.parameters()).device
+        self._sync = exact_timing and self.device.type == "cuda"
+        self.cache = None
+        self.cached = 0
+        self.passes = 0
+        self.tokens = 0
+        self.seconds = 0.0
+        self._trim = False
+
+    def start(self) -> None:
+        """A fresh, empty cache (sliding-window layers record the past so that rollback is exact)."""
+        self.cache = self._new_cache()
+        windows = [layer.sliding_window for layer in self.cache.layers if getattr(layer, "is_sliding", False)]
+        self._window = min(windows) if windows else None
+        self._trim = self._window is not None
+        if self._trim:
+            self.cache.activate_past_recording()
+        self.cached = 0
+        self._fed_since_trim = 0
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, upto: int, n_logits: int) -> torch.Tensor:
+        """Feed `ids[0, cached:upto]` (`ids`: LongTensor `[1, capacity]`); return float32 logits `[n_logits, V]`."""
+        new = ids[:, self.cached : upto]
+        count = new.shape[1]
+        assert 0 < n_logits <= count, (self.name, self.cached, upto, n_logits)
+        if self._sync:
+            torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        out = self.model(input_ids=new, cache=self.cache, use_cache=True, logits_to_keep=n_logits)
+        logits = out.logits[0, -n_logits:, : self.vocab_size].float()
+        if self._sync:
+            torch.cuda.synchronize(self.device)
+        self.seconds += time.perf_counter() - start
+        self.cached = upto
+        self._fed_since_trim += count
+        self.passes += 1
+        self.tokens += count
+        return logits
+
+    def rollback(self, n: int) -> None:
+        """Keep the first `n` cached positions (nothing to drop when `n >= cached`).
+
+        Sliding-window layers keep every state fed since the last rollback (`record_past`) and are
+        trimmed back to their window here, so a rollback may drop anything fed since the previous one.
+        Dropping more than that, once the sequence is longer than the window (cascade_sd's draft and
+        slim caches, after the full model rejects tokens of earlier rounds), cannot be undone in
+        place: the cache is rebuilt from the sequence on the next forward instead (exact, costlier).
+        """
+        drop = max(0, self.cached - n)
+        if self._trim and drop > self._fed_since_trim and self.cached >= self._window:
+            log.debug("%s: rollback of %d past a sliding window; re-encoding the prefix", self.name, drop)
+            self.start()
+            return
+        if drop or (self._trim and self.cached):
+            self.cache.crop(-drop)
+            self.cached -= drop
+            self._fed_since_trim = 0

@@ -1,0 +1,145 @@
+"""Exact decoding statistics (DESIGN.md §2.6): counts, not estimates.
+
+Accounting identities every decode satisfies (tested):
+- draft tokens:  drafted = accepted_direct + accepted_slim + accepted_full + regenerated_slim
+                           + rejected_slim + rejected_full + discarded            (sd, viasd, spec_cascade)
+  for `cascade_sd` the draft hop and the slim->full hop are counted separately:
+                  drafted = slim_accepted + rejected_slim + discarded
+                  slim_accepted + slim_generated = accepted_full + rejected_full + discarded_slim_level
+- output:        new_tokens = accepted_direct + accepted_slim + accepted_full + regenerated_slim
+                              + rejected_full + bonus - truncated
+  (each full-model rejection emits exactly one replacement token; `truncated` are tokens cut by
+  EOS, a stop string or `max_new_tokens` after a block produced them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+@dataclass
+class DecodeStats:
+    method: str
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    blocks: int = 0  # draft/verify cycles
+    drafted: int = 0
+    verified: int = 0  # per block: positions up to and including the first non-accepted one
+    accepted_direct: int = 0  # tier 1 (sum over slim levels)
+    accepted_slim: int = 0  # tier 2: the slim verifier's choice was the draft token itself
+    accepted_full: int = 0  # accepted by the full model's lossless test
+    regenerated_slim: int = 0  # tier 2: draft token replaced by the slim verifier, full model skipped
+    rejected_slim: int = 0  # cascade_sd: draft tokens rejected by the slim hop's lossless test
+    rejected_full: int = 0  # positions rejected by the full model (an expensive recompute)
+    discarded: int = 0  # draft tokens after the first non-accepted position of their block
+    bonus: int = 0  # tokens sampled after a fully accepted block
+    truncated: int = 0
+    escalated_blocks: int = 0  # blocks in which the full model ran to verify
+    catchup_passes: int = 0  # forced full-model passes to bound its cache lag (viasd max_lag)
+    # cascade_sd only: the slim level's own tokens
+    slim_accepted: int = 0
+    slim_generated: int = 0
+    discarded_slim_level: int = 0
+    cascade_draft_kept: int = 0  # draft tokens that passed both hops
+    # N-tier VIA-SD: per slim level (smallest first)
+    direct_by_level: list[int] = field(default_factory=list)
+    slim_accept_by_level: list[int] = field(default_factory=list)
+    regen_by_level: list[int] = field(default_factory=list)
+    # work per model: name -> value
+    passes: dict[str, int] = field(default_factory=dict)
+    tokens_processed: dict[str, int] = field(default_factory=dict)
+    time_s: dict[str, float] = field(default_factory=dict)
+    wall_time_s: float = 0.0
+
+    @property
+    def draft_kept(self) -> int:
+        """Draft tokens that ended up in the output."""
+        if self.method == "cascade_sd":
+            return self.cascade_draft_kept
+        return self.accepted_direct + self.accepted_slim + self.accepted_full
+
+    @property
+    def rejection_rate(self) -> float | None:
+        """Positions rejected by the full model / verified positions (the paper's sense)."""
+        return _ratio(self.rejected_full, self.verified)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Draft tokens kept / draft tokens drafted (the vLLM sense)."""
+        return _ratio(self.draft_kept, self.drafted)
+
+    @property
+    def slim_regen_rate(self) -> float | None:
+        return _ratio(self.regenerated_slim, self.verified)
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Draft tokens kept per block (tau, without the replacement/bonus token)."""
+        return _ratio(self.draft_kept, self.blocks)
+
+    @property
+    def tokens_per_block(self) -> float | None:
+        return _ratio(self.new_tokens + self.truncated, self.blocks)
+
+    @property
+    def block_escalation_rate(self) -> float | None:
+        """Share of blocks that needed the full model."""
+        return _ratio(self.escalated_blocks, self.blocks)
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return _ratio(self.new_tokens, self.wall_time_s)
+
+    def full_passes_per_token(self) -> float | None:
+        return _ratio(self.passes.get("target", 0), self.new_tokens)
+
+    def as_dict(self) -> dict:
+        """Counters plus the derived rates, JSON-ready."""
+        out = asdict(self)
+        for name in (
+            "draft_kept",
+            "rejection_rate",
+            "acceptance_rate",
+            "slim_regen_rate",
+            "mean_accepted_length",
+            "tokens_per_block",
+            "block_escalation_rate",
+            "tokens_per_second",
+        ):
+            out[name] = getattr(self, name)
+        out["full_passes_per_token"] = self.full_passes_per_token()
+        return out
+
+    def summary(self) -> str:
+        """A few human-readable lines."""
+
+        def pct(x):
+            return "n/a" if x is None else f"{100 * x:.1f}%"
+
+        lines = [
+            f"method {self.method}: {self.new_tokens} new tokens in {self.wall_time_s:.3f}s "
+            f"({(self.tokens_per_second or 0):.1f} tok/s)",
+        ]
+        if self.drafted:
+            lines.append(
+                f"drafted {self.drafted} in {self.blocks} blocks; acceptance {pct(self.acceptance_rate)}, "
+                f"rejection {pct(self.rejection_rate)}, mean accepted length {self.mean_accepted_length:.2f}"
+            )
+            if self.method == "viasd":
+                lines.append(
+                    f"tiers: direct {self.accepted_direct}, slim-accepted {self.accepted_slim}, "
+                    f"slim-regenerated {self.regenerated_slim}, full-accepted {self.accepted_full}, "
+                    f"full-rejected {self.rejected_full}; escalated blocks {pct(self.block_escalation_rate)}"
+                )
+        lines.append(
+            "passes: "
+            + ", ".join(
+                f"{name} {self.passes[name]} ({self.tokens_processed[name]} tok, {self.time_s[name]:.3f}s)"
+                for name in self.passes
+            )
+        )
+        return "\n".join(lines)
