@@ -4,6 +4,7 @@ the same path as a user's (`load_models`), plus a small byte-level BPE tokenizer
 from __future__ import annotations
 
 import inspect
+import re
 from pathlib import Path
 
 import torch
@@ -68,3 +69,33 @@ def build_model(path: Path, arch: str, layers: int, seed: int, tokenizer, scale:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def build_pair(root: Path, arch: str, tokenizer, layers: int = 4, seed: int = 0, scale: float = 25.0,
+               noise: float = 0.3, damping: float = 0.5) -> tuple[Path, Path]:
+    """A random target and a draft that partly agrees with it: the target's blocks after the first
+    are damped (weights times `damping`) so that they perturb rather than replace its first block's
+    output, and the draft is the target's embeddings, first block, final norm and head with noise
+    added (a noisy early-exit model). Acceptance in the tests is then neither 0 nor 1, and every
+    branch of every acceptance rule is exercised."""
+    target_dir = build_model(root / f"{arch}-target", arch, layers, seed, tokenizer, scale)
+    target = tf.AutoModelForCausalLM.from_pretrained(target_dir)
+    with torch.no_grad():
+        for name, param in target.named_parameters():
+            index = re.search(r"\.(\d+)\.", name)
+            if index and int(index.group(1)) >= 1 and param.dim() == 2:
+                param.mul_(damping)
+    target.save_pretrained(target_dir)
+    torch.manual_seed(seed + 1)
+    config = config_for(arch, 1, len(tokenizer), tokenizer.eos_token_id)
+    draft = tf.AutoModelForCausalLM.from_config(config)
+    state = {k: v for k, v in target.state_dict().items() if k in draft.state_dict()}
+    draft.load_state_dict(state, strict=False)
+    with torch.no_grad():
+        for name, param in draft.named_parameters():
+            if param.dim() == 2 and "emb" not in name and "wte" not in name and "wpe" not in name:
+                param.add_(noise * param.std() * torch.randn_like(param))
+    draft_dir = root / f"{arch}-draft"
+    draft.save_pretrained(draft_dir)
+    tokenizer.save_pretrained(draft_dir)
+    return target_dir, draft_dir
