@@ -202,6 +202,14 @@ class SlimVerifier:
                 node.__dict__["config"] = self.config
         self.model = root
 
+    def __call__(self, input_ids, cache: RoutedCache | None = None, **kwargs):
+        """Forward through the kept layers: `input_ids` `[B, T]` -> output with `.logits` `[B, T, V]`.
+
+        Without a `cache`, a fresh routed one is used (the view's own `DynamicCache` default would have
+        the routed config's slot count, which a kept block's original `layer_idx` may exceed).
+        """
+        return self.model(input_ids=input_ids, cache=self.new_cache() if cache is None else cache, **kwargs)
+
     def new_cache(self) -> RoutedCache:
         return RoutedCache(self.target.config, self.mask.keep_layers)
 

@@ -1,0 +1,126 @@
+"""`viasd generate`: plain and JSON output, and one clear error line with exit status 2 for every
+bad input a user can give."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import transformers as tf
+
+from tiny_models import build_model, build_tokenizer
+from viasd.cli import main
+
+
+@pytest.fixture(scope="module")
+def dirs(pair_dirs):
+    return pair_dirs("llama")
+
+
+def run_cli(capsys, *args):
+    code = main(["generate", *map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_output_is_one_object(dirs, capsys):
+    target, draft = dirs
+    code, out, _ = run_cli(capsys, "--target", target, "--draft", draft, "--keep-layers", "0,2", "--method", "viasd",
+                           "--gamma", "3", "--max-new-tokens", "12", "--device", "cpu", "--prompt", "def f(x):", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert set(data) == {"text", "token_ids", "stats"}
+    assert len(data["token_ids"]) == data["stats"]["new_tokens"] <= 12
+    assert data["stats"]["method"] == "viasd" and "rejection_rate" in data["stats"]
+
+
+def test_plain_output_and_every_method(dirs, capsys, tmp_path):
+    target, draft = dirs
+    mask = tmp_path / "mask.json"
+    mask.write_text(json.dumps({"keep_layers": [0, 2], "cost": 1.0}))
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("import os\n")
+    texts = {}
+    for method in ("ar", "sd", "cascade_sd", "spec_cascade", "viasd"):
+        code, out, err = run_cli(capsys, "--target", target, "--draft", draft, "--mask", mask, "--method", method,
+                                 "--max-new-tokens", "10", "--prompt-file", prompt, "--temperature", "0")
+        assert code == 0, err
+        assert f"method {method}" in err and "passes:" in err
+        texts[method] = out
+    assert texts["ar"] == texts["sd"] == texts["cascade_sd"]
+
+
+def test_sampling_options_and_seed(dirs, capsys):
+    target, draft = dirs
+    args = ["--target", target, "--draft", draft, "--method", "sd", "--temperature", "0.8", "--top-k", "20",
+            "--top-p", "0.9", "--max-new-tokens", "10", "--prompt", "x = ", "--json"]
+    first = json.loads(run_cli(capsys, *args, "--seed", "1")[1])
+    again = json.loads(run_cli(capsys, *args, "--seed", "1")[1])
+    assert first["token_ids"] == again["token_ids"]
+
+
+def test_console_script_runs(dirs):
+    target, _ = dirs
+    exe = shutil.which("viasd") or os.path.join(os.path.dirname(sys.executable), "viasd")
+    proc = subprocess.run([exe, "generate", "--target", str(target), "--method", "ar", "--max-new-tokens", "5",
+                           "--prompt", "def", "--json", "--device", "cpu"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert len(json.loads(proc.stdout)["token_ids"]) == 5
+
+
+@pytest.fixture(scope="module")
+def odd_models(tmp_path_factory):
+    """A draft with another vocabulary, and an encoder-decoder model."""
+    root = tmp_path_factory.mktemp("odd")
+    other_tok = build_tokenizer(root / "tok", vocab_size=300)
+    other = build_model(root / "other-vocab", "llama", 1, 0, other_tok)
+    t5 = root / "t5"
+    torch.manual_seed(0)
+    tf.T5ForConditionalGeneration(tf.T5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=1,
+                                              num_heads=2)).save_pretrained(t5)
+    return other, t5
+
+
+def bad_inputs(dirs, odd_models, tmp_path):
+    target, draft = dirs
+    other, t5 = odd_models
+    base = ["--target", target, "--draft", draft, "--max-new-tokens", "5", "--device", "cpu"]
+    bad_mask = tmp_path / "bad.json"
+    bad_mask.write_text('{"keep_layers": [0, 0]}')
+    return {
+        "missing model": (["--target", tmp_path / "nope", "--method", "ar", "--prompt", "x"], "does not exist"),
+        "mismatched vocabulary": (["--target", target, "--draft", other, "--method", "sd", "--prompt", "x"],
+                                  "vocabulary"),
+        "out-of-range layer": ([*base, "--keep-layers", "0,7", "--prompt", "x"], "layer 7 is out of range"),
+        "duplicate layer": ([*base, "--mask", bad_mask, "--prompt", "x"], "listed twice"),
+        "missing mask": ([*base, "--mask", tmp_path / "none.json", "--prompt", "x"], "does not exist"),
+        "empty prompt": ([*base, "--keep-layers", "0", "--prompt", ""], "prompt is empty"),
+        "missing prompt file": ([*base, "--keep-layers", "0", "--prompt-file", tmp_path / "p.txt"], "prompt file"),
+        "over-long prompt": ([*base[:-4], "--max-new-tokens", "500", "--keep-layers", "0", "--prompt", "x" * 200],
+                             "supports 512"),
+        "no draft": (["--target", target, "--method", "sd", "--prompt", "x"], "needs --draft"),
+        "no mask": ([*base, "--method", "viasd", "--prompt", "x"], "needs a slim verifier"),
+        "encoder-decoder": (["--target", t5, "--method", "ar", "--prompt", "x"], "encoder-decoder"),
+        "hub id offline": (["--target", "someone/not-a-real-model-xyz", "--method", "ar", "--prompt", "x"],
+                           "Hugging Face Hub"),
+        "bad gamma": ([*base, "--keep-layers", "0", "--gamma", "0", "--prompt", "x"], "gamma"),
+        "bad device": ([*base, "--keep-layers", "0", "--device", "tpu9", "--prompt", "x"], "device"),
+    }
+
+
+CASES = ["missing model", "mismatched vocabulary", "out-of-range layer", "duplicate layer", "missing mask",
+         "empty prompt", "missing prompt file", "over-long prompt", "no draft", "no mask", "encoder-decoder",
+         "hub id offline", "bad gamma", "bad device"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_gives_one_clear_error(dirs, odd_models, tmp_path, capsys, case):
+    args, needle = bad_inputs(dirs, odd_models, tmp_path)[case]
+    code, out, err = run_cli(capsys, *args)
+    assert code == 2
+    assert out == ""
+    lines = [line for line in err.splitlines() if line.startswith("viasd: error:")]
+    assert len(lines) == 1 and needle in lines[0], err
