@@ -110,11 +110,58 @@ def _generate(args) -> int:
     return 0
 
 
+def _add_params(p) -> None:
+    p.add_argument("--params", type=Path, default=Path("params.yaml"), help="the study's parameter file")
+    p.add_argument("--config", type=Path, action="append", default=[], metavar="FILE",
+                   help="a file merged over --params (e.g. config/smoke.yaml); may be repeated")
+
+
+def _load_params(args):
+    from . import config
+
+    return config.load(args.params, args.config)
+
+
+def _add_prepare_data(sub) -> None:
+    p = sub.add_parser("prepare-data", help="stdlib corpus splits, tokenizer, calibration set, task prompts")
+    _add_params(p)
+    p.set_defaults(func=_prepare_data)
+
+
+def _prepare_data(args) -> int:
+    from .data.prepare import prepare_data
+
+    out = prepare_data(_load_params(args))
+    print(out)
+    return 0
+
+
+def _add_train_model(sub) -> None:
+    from .training.train import ROLES
+
+    p = sub.add_parser("train-model", help="train one model of the default family (resumes from a checkpoint)")
+    _add_params(p)
+    p.add_argument("--role", required=True, choices=ROLES)
+    p.set_defaults(func=_train_model)
+
+
+def _train_model(args) -> int:
+    from .training.train import read_training_report, train_model
+
+    out = train_model(_load_params(args), args.role)
+    report = read_training_report(out)
+    print(json.dumps({k: report[k] for k in ("role", "parameters", "steps", "train_seconds", "test_nll",
+                                             "test_perplexity")}))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="viasd", description="VIA-SD: three-tier speculative decoding")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
+    _add_prepare_data(sub)
+    _add_train_model(sub)
     return parser
 
 

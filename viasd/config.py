@@ -1,0 +1,177 @@
+"""`params.yaml`: loaded once, merged with optional override files, validated against
+`workflow/schemas/params.schema.yaml`, and parsed into typed, frozen objects.
+
+Every problem is a `ConfigError` naming the file and the key, e.g.
+`params.yaml: models.families.default.target.layers: 'twelve' is not of type 'integer'`.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .errors import ViasdError
+
+SCHEMA = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "params.schema.yaml"
+KNOWN_TASKS = ("stdlib_continuation", "humaneval", "cnn_dailymail", "xsum", "wmt14_de_en", "gsm8k",
+               "natural_questions", "openai_humaneval")
+
+
+class ConfigError(ViasdError):
+    """params.yaml (or an override file) is malformed."""
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"parameter file {path} does not exist") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {str(err).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of parameters at the top level")
+    return data
+
+
+def _schema() -> dict:
+    return yaml.safe_load(SCHEMA.read_text())
+
+
+def validate(raw: dict, source: str = "params.yaml") -> None:
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(_schema())
+    errors = sorted(validator.iter_errors(raw), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    if errors:
+        err = jsonschema.exceptions.best_match(errors)
+        where = ".".join(str(p) for p in err.absolute_path) or "(top level)"
+        raise ConfigError(f"{source}: {where}: {err.message}")
+    _check_semantics(raw, source)
+
+
+def _check_semantics(raw: dict, source: str) -> None:
+    split = raw["data"]["split"]
+    if abs(sum(split.values()) - 1.0) > 1e-6:
+        raise ConfigError(f"{source}: data.split: the fractions add up to {sum(split.values()):g}, not 1")
+    models = raw["models"]
+    if models["family"] not in models["families"]:
+        raise ConfigError(f"{source}: models.family: {models['family']!r} is not one of models.families "
+                          f"({', '.join(models['families'])})")
+    for name, fam in models["families"].items():
+        for role in ("target", "draft", "independent"):
+            arch = fam[role]
+            if arch["hidden"] % arch["heads"]:
+                raise ConfigError(f"{source}: models.families.{name}.{role}: hidden {arch['hidden']} is not "
+                                  f"divisible by heads {arch['heads']}")
+            if arch["heads"] % arch.get("kv_heads", arch["heads"]):
+                raise ConfigError(f"{source}: models.families.{name}.{role}.kv_heads must divide heads")
+    for task in raw["tasks"]:
+        if task not in KNOWN_TASKS:
+            raise ConfigError(f"{source}: tasks.{task}: unknown task; known tasks: {', '.join(KNOWN_TASKS)}")
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    layers: int
+    hidden: int
+    heads: int
+    intermediate: int
+    train_tokens: int
+    lr: float
+    kv_heads: int | None = None
+    layer_drop: float = 0.0
+    distill: bool = False
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    context: int
+    target: ModelArch
+    draft: ModelArch
+    independent: ModelArch
+
+    def arch(self, role: str) -> ModelArch:
+        return getattr(self, role)
+
+
+@dataclass(frozen=True)
+class DataParams:
+    dir: Path
+    split: dict
+    vocab_size: int
+    min_frequency: int
+    calibration_sequences: int
+    calibration_length: int
+    max_files: int | None
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    batch_size: int
+    seq_len: int
+    warmup_fraction: float = 0.05
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    checkpoint_every: int = 100
+    distill_temperature: float = 1.0
+    eval_tokens: int = 200_000
+
+
+@dataclass(frozen=True)
+class Params:
+    seed: int
+    data: DataParams
+    tasks: dict  # task name -> dict of its parameters
+    models_dir: Path
+    family: Family
+    train: TrainParams
+    raw: dict = field(repr=False, default_factory=dict)
+
+    def model_dir(self, role: str) -> Path:
+        return self.models_dir / self.family.name / role
+
+
+def parse(raw: dict, root: Path = Path(".")) -> Params:
+    data = raw["data"]
+    models = raw["models"]
+    fam_raw = models["families"][models["family"]]
+    family = Family(models["family"], fam_raw["context"],
+                    *(ModelArch(**fam_raw[role]) for role in ("target", "draft", "independent")))
+    return Params(
+        seed=raw["seed"],
+        data=DataParams(root / data["dir"], dict(data["split"]), data["tokenizer"]["vocab_size"],
+                        data["tokenizer"].get("min_frequency", 2), data["calibration"]["sequences"],
+                        data["calibration"]["length"], data.get("max_files")),
+        tasks=copy.deepcopy(raw["tasks"]),
+        models_dir=root / models["dir"],
+        family=family,
+        train=TrainParams(**raw["train"]),
+        raw=raw,
+    )
+
+
+def load(path: str | Path = "params.yaml", overrides: list[str | Path] = ()) -> Params:
+    """Read `path`, merge each override file over it, validate, parse. Paths in it are relative to
+    the directory of `path`."""
+    path = Path(path)
+    raw = _read_yaml(path)
+    source = path.name
+    for extra in overrides:
+        raw = deep_merge(raw, _read_yaml(Path(extra)))
+        source += f" + {Path(extra).name}"
+    validate(raw, source)
+    return parse(raw, path.parent)

@@ -1,0 +1,1 @@
+"""The embedded default study's data: the Python standard library's own sources (DESIGN.md §3)."""

@@ -1,0 +1,126 @@
+"""Hub tasks with the paper's kinds of work, loaded through `datasets.load_dataset` with their usual
+configs. Each can be pointed at a local copy in `params.yaml`:
+
+    tasks:
+      cnn_dailymail:
+        source: {path: json, data_files: {test: /data/cnn_dm/test.jsonl}}
+
+The local files must have the hub dataset's schema (the same column names).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from .base import Example, TaskError, TaskSpec
+from .builtin import HUMANEVAL_STOPS
+
+
+@dataclass(frozen=True)
+class HubTask:
+    spec: TaskSpec
+    source: dict  # load_dataset kwargs: path, name
+    splits: dict  # our split -> the dataset's split
+    make: Callable[[dict, int], Example]
+
+
+def _summ(doc_key: str, ref_key: str, prefix: str):
+    return lambda row, i: Example(id=str(row.get("id", i)), prompt=f"{prefix}{row[doc_key]}\nSummary:",
+                                  reference=row[ref_key])
+
+
+def _wmt(row, i):
+    pair = row["translation"]
+    return Example(id=str(i), prompt=f"Translate German to English.\nGerman: {pair['de']}\nEnglish:", reference=pair["en"])
+
+
+def _gsm8k(row, i):
+    return Example(id=str(i), prompt=f"Question: {row['question']}\nAnswer:", reference=row["answer"])
+
+
+def _nq(row, i):
+    answers = row["answer"] if isinstance(row["answer"], list) else [row["answer"]]
+    return Example(id=str(i), prompt=f"Question: {row['question']}?\nAnswer:", reference=answers[0],
+                   extra={"answers": list(answers)})
+
+
+def _humaneval(row, i):
+    return Example(id=row["task_id"], prompt=row["prompt"], reference=row["canonical_solution"],
+                   extra={"test": row["test"], "entry_point": row["entry_point"], "full_prompt": row["prompt"]})
+
+
+HUB_TASKS = {
+    "cnn_dailymail": HubTask(TaskSpec("cnn_dailymail", ("rouge", "agreement", "nll"), ("\n\n",)),
+                             {"path": "abisee/cnn_dailymail", "name": "3.0.0"},
+                             {"dev": "validation", "test": "test"}, _summ("article", "highlights", "Article: ")),
+    "xsum": HubTask(TaskSpec("xsum", ("rouge", "agreement", "nll"), ("\n",)),
+                    {"path": "EdinburghNLP/xsum"}, {"dev": "validation", "test": "test"},
+                    _summ("document", "summary", "Document: ")),
+    "wmt14_de_en": HubTask(TaskSpec("wmt14_de_en", ("bleu", "chrf", "agreement", "nll"), ("\n",)),
+                           {"path": "wmt/wmt14", "name": "de-en"}, {"dev": "validation", "test": "test"}, _wmt),
+    "gsm8k": HubTask(TaskSpec("gsm8k", ("gsm8k_accuracy", "agreement", "nll"), ("\nQuestion:", "\n\n")),
+                     {"path": "openai/gsm8k", "name": "main"}, {"dev": "train", "test": "test"}, _gsm8k),
+    "natural_questions": HubTask(TaskSpec("natural_questions", ("exact_match", "agreement", "nll"), ("\n",)),
+                                 {"path": "google-research-datasets/nq_open"},
+                                 {"dev": "train", "test": "validation"}, _nq),
+    "openai_humaneval": HubTask(TaskSpec("openai_humaneval", ("pass_at_1", "agreement", "nll"), HUMANEVAL_STOPS),
+                                {"path": "openai/openai_humaneval"}, {"dev": "test", "test": "test"}, _humaneval),
+}
+
+
+def hub_examples(name: str, split: str, n: int, source: dict | None = None) -> list[Example]:
+    """The first `n` examples of `split` (`dev` or `test`) of a hub task, from the hub or `source`."""
+    task = HUB_TASKS[name]
+    kwargs = dict(source) if source else dict(task.source)
+    local = source is not None
+    hub_split = task.splits[split]
+    if local and "data_files" in kwargs and isinstance(kwargs["data_files"], dict):
+        hub_split = split if split in kwargs["data_files"] else hub_split
+    try:
+        from datasets import load_dataset
+
+        data = load_dataset(**kwargs, split=hub_split)
+    except Exception as err:  # the datasets library raises many types for an unreachable hub
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        if local:
+            raise TaskError(f"task {name}: cannot load the local source {kwargs}: {first}") from None
+        raise TaskError(
+            f"task {name}: cannot load '{kwargs['path']}' from the Hugging Face Hub ({first}). Offline? Put a copy "
+            f"in the hub schema on disk and set tasks.{name}.source: {{path: json, data_files: {{{split}: FILE}}}} "
+            "in params.yaml"
+        ) from None
+    rows = data.select(range(min(n, len(data))))
+    if split == "dev" and task.splits["dev"] == task.splits["test"] and not local:
+        rows = data.select(range(len(data) - min(n, len(data)), len(data)))  # disjoint from test's first rows
+    missing = _missing_columns(name, data.column_names)
+    if missing:
+        raise TaskError(f"task {name}: the data has no column {missing!r} (columns: {', '.join(data.column_names)})")
+    return [task.make(row, i) for i, row in enumerate(rows)]
+
+
+_COLUMNS = {"cnn_dailymail": ("article", "highlights"), "xsum": ("document", "summary"),
+            "wmt14_de_en": ("translation",), "gsm8k": ("question", "answer"),
+            "natural_questions": ("question", "answer"),
+            "openai_humaneval": ("task_id", "prompt", "canonical_solution", "test", "entry_point")}
+
+
+def _missing_columns(name: str, columns) -> str | None:
+    for col in _COLUMNS[name]:
+        if col not in columns:
+            return col
+    return None
+
+
+def gsm8k_final_answer(text: str) -> str | None:
+    """The number after '####' (the reference format), else the last number in the text."""
+    match = re.search(r"####\s*(-?[\d,\.]+)", text)
+    if match is None:
+        numbers = re.findall(r"-?\d[\d,]*\.?\d*", text)
+        if not numbers:
+            return None
+        value = numbers[-1]
+    else:
+        value = match.group(1)
+    return value.replace(",", "").rstrip(".")

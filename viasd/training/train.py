@@ -1,0 +1,219 @@
+"""`viasd train-model`: train one model of the family (target, draft or independent) on the train split.
+
+Deterministic and resumable: the batch and the layer-drop pattern of step `s` come from a generator
+seeded with `(seed, role, s)`, so they do not depend on what ran before; a checkpoint (weights,
+optimizer, scheduler, step) is written atomically every `checkpoint_every` steps, and a killed run
+started again continues from it and ends with the same weights as an uninterrupted run.
+
+Options: `layer_drop` (LayerDrop / LayerSkip style, layer 0 always kept: each step trains a random
+routed view of the target, built with the same `SlimVerifier` machinery the decoder uses, so the
+model learns to work with layers skipped); `distill` (the draft learns the target's distribution,
+`T^2 KL(q_T || p_T)`, instead of the next-token labels: what raises acceptance).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..config import Params
+from ..errors import ViasdError
+from ..io import atomic_dir, write_json
+from ..routing import RoutingMask, SlimVerifier
+from .family import count_parameters, llama_config
+
+log = logging.getLogger(__name__)
+ROLES = ("target", "draft", "independent")
+
+
+class TrainingError(ViasdError):
+    """Training cannot start: missing data, a missing teacher, an architecture that does not fit."""
+
+
+def load_token_stream(data_dir: Path, split: str) -> np.ndarray:
+    import pyarrow.parquet as pq
+
+    path = Path(data_dir) / "corpus" / f"{split}.parquet"
+    if not path.exists():
+        raise TrainingError(f"no {split} corpus at {path}: run `viasd prepare-data` first")
+    column = pq.read_table(path, columns=["input_ids"]).column("input_ids")
+    return np.concatenate([np.asarray(chunk.values, dtype=np.int64) for chunk in column.chunks])
+
+
+def _step_generator(seed: int, role: str, step: int) -> torch.Generator:
+    key = int.from_bytes(hashlib.sha256(f"{seed}:{role}:{step}".encode()).digest()[:8], "big") % (2**63)
+    return torch.Generator().manual_seed(key)
+
+
+def batch_at(stream: np.ndarray, step: int, batch: int, seq_len: int, seed: int, role: str) -> torch.Tensor:
+    """`[batch, seq_len + 1]` token windows for `step` (inputs are `[:, :-1]`, labels `[:, 1:]`)."""
+    g = _step_generator(seed, role, step)
+    starts = torch.randint(0, len(stream) - seq_len - 1, (batch,), generator=g).tolist()
+    return torch.from_numpy(np.stack([stream[s : s + seq_len + 1] for s in starts]))
+
+
+def kept_layers(n_layers: int, p: float, step: int, seed: int, role: str) -> list[int]:
+    """Layer 0 always; every other layer kept with probability 1 - p."""
+    g = _step_generator(seed, role + ":drop", step)
+    keep = (torch.rand(n_layers, generator=g) >= p).tolist()
+    return [0] + [i for i in range(1, n_layers) if keep[i]]
+
+
+def _lr_lambda(total: int, warmup: int):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return f
+
+
+@torch.no_grad()
+def perplexity(model, stream: np.ndarray, seq_len: int, max_tokens: int) -> tuple[float, float]:
+    """(mean NLL in nats/token, perplexity) over consecutive windows of the first `max_tokens` tokens."""
+    model.eval()
+    total, count = 0.0, 0
+    n = min(len(stream) - 1, max_tokens)
+    for start in range(0, n - seq_len, seq_len):
+        window = torch.from_numpy(stream[start : start + seq_len + 1])[None]
+        logits = model(input_ids=window[:, :-1], use_cache=False).logits
+        total += F.cross_entropy(logits[0].float(), window[0, 1:], reduction="sum").item()
+        count += seq_len
+    nll = total / max(count, 1)
+    return nll, math.exp(nll)
+
+
+def train_model(params: Params, role: str, progress: bool = True, stop_after: int | None = None) -> Path:
+    """Train `role` of the configured family; returns the saved model directory.
+
+    `stop_after` ends the run after that many optimizer steps without saving the final model (tests
+    use it to stop at a known point; a killed process behaves the same from the last checkpoint).
+    """
+    from tqdm.auto import tqdm
+    from transformers import AutoModelForCausalLM
+
+    from ..data.tokenizer import load_tokenizer
+
+    if role not in ROLES:
+        raise TrainingError(f"unknown role {role!r}; choose one of {', '.join(ROLES)}")
+    arch = params.family.arch(role)
+    tp = params.train
+    out_dir = params.model_dir(role)
+    ckpt_dir = out_dir.parent / f".{role}.checkpoint"
+    tok_dir = params.data.dir / "tokenizer"
+    if not tok_dir.exists():
+        raise TrainingError(f"no tokenizer at {tok_dir}: run `viasd prepare-data` first")
+    tokenizer = load_tokenizer(tok_dir)
+    if tp.seq_len > params.family.context:
+        raise TrainingError(f"train.seq_len {tp.seq_len} exceeds the family's context {params.family.context}")
+    stream = load_token_stream(params.data.dir, "train")
+    torch.manual_seed(params.seed)
+    config = llama_config(arch, len(tokenizer), params.family.context, tokenizer.eos_token_id)
+    try:
+        model = AutoModelForCausalLM.from_config(config)
+    except ValueError as err:
+        raise TrainingError(f"models.families.{params.family.name}.{role}: {err}") from None
+    teacher = None
+    if arch.distill and role != "target":
+        teacher_dir = params.model_dir("target")
+        if not (teacher_dir / "config.json").exists():
+            raise TrainingError(f"distilling the {role} needs the trained target at {teacher_dir}: train it first")
+        teacher = AutoModelForCausalLM.from_pretrained(teacher_dir).eval().requires_grad_(False)
+        if teacher.config.vocab_size != config.vocab_size:
+            raise TrainingError(f"the target at {teacher_dir} has another vocabulary ({teacher.config.vocab_size}) "
+                                f"than the tokenizer ({config.vocab_size}): retrain it")
+    tokens_per_step = tp.batch_size * tp.seq_len
+    total_steps = max(1, arch.train_tokens // tokens_per_step)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=arch.lr, betas=(0.9, 0.95), weight_decay=tp.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, _lr_lambda(total_steps, max(1, int(tp.warmup_fraction * total_steps))))
+    step, losses, elapsed = 0, [], 0.0
+    ckpt = ckpt_dir / "checkpoint.pt"
+    if ckpt.exists():
+        state = torch.load(ckpt, weights_only=False)
+        if state["total_steps"] == total_steps and state["config"] == config.to_dict():
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+            step, losses, elapsed = state["step"], state["losses"], state["elapsed"]
+            log.info("resuming %s from step %d of %d", role, step, total_steps)
+        else:
+            log.warning("ignoring a checkpoint of %s made with other parameters", role)
+    model.train()
+    bar = tqdm(total=total_steps, initial=step, desc=f"train {role}", disable=not progress, unit="step")
+    started = time.perf_counter() - elapsed
+    while step < total_steps:
+        batch = batch_at(stream, step, tp.batch_size, tp.seq_len, params.seed, role)
+        inputs, labels = batch[:, :-1], batch[:, 1:]
+        if arch.layer_drop > 0:
+            keep = kept_layers(arch.layers, arch.layer_drop, step, params.seed, role)
+            view = SlimVerifier(model, RoutingMask.from_layers(keep, arch.layers))
+            logits = view.model(input_ids=inputs, use_cache=False).logits
+        else:
+            logits = model(input_ids=inputs, use_cache=False).logits
+        if teacher is not None:
+            t = tp.distill_temperature
+            with torch.no_grad():
+                target_logp = F.log_softmax(teacher(input_ids=inputs, use_cache=False).logits.float() / t, -1)
+            logp = F.log_softmax(logits.float() / t, -1)
+            loss = (t * t) * F.kl_div(logp.flatten(0, 1), target_logp.flatten(0, 1), log_target=True,
+                                      reduction="batchmean")
+        else:
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tp.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        losses.append(round(loss.item(), 5))
+        bar.update(1)
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
+        if step % tp.checkpoint_every == 0 and step < total_steps:
+            _save_checkpoint(ckpt, model, optimizer, scheduler, step, total_steps, losses,
+                             time.perf_counter() - started, config)
+        if stop_after is not None and step >= stop_after:
+            bar.close()
+            return ckpt_dir
+    bar.close()
+    train_seconds = time.perf_counter() - started
+    test_stream = load_token_stream(params.data.dir, "test")
+    nll, ppl = perplexity(model, test_stream, tp.seq_len, tp.eval_tokens)
+    with atomic_dir(out_dir) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        write_json(tmp / "training.json", {
+            "role": role, "family": params.family.name, "parameters": count_parameters(model),
+            "steps": total_steps, "tokens": total_steps * tokens_per_step, "train_seconds": round(train_seconds, 1),
+            "tokens_per_second": round(total_steps * tokens_per_step / max(train_seconds, 1e-9), 1),
+            "final_loss": float(np.mean(losses[-20:])), "loss_curve": losses[:: max(1, len(losses) // 200)],
+            "test_nll": round(nll, 4), "test_perplexity": round(ppl, 3), "layer_drop": arch.layer_drop,
+            "distilled": teacher is not None, "seed": params.seed,
+        })
+    shutil.rmtree(ckpt_dir, ignore_errors=True)
+    log.info("%s: test NLL %.3f (perplexity %.2f), %.0fs", role, nll, ppl, train_seconds)
+    return out_dir
+
+
+def _save_checkpoint(path: Path, model, optimizer, scheduler, step, total_steps, losses, elapsed, config) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "step": step, "total_steps": total_steps,
+                "losses": losses, "elapsed": elapsed, "config": config.to_dict()}, tmp)
+    os.replace(tmp, path)
+
+
+def read_training_report(model_dir: Path) -> dict:
+    return json.loads((Path(model_dir) / "training.json").read_text())
