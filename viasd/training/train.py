@@ -97,8 +97,8 @@ def perplexity(model, stream: np.ndarray, seq_len: int, max_tokens: int) -> tupl
 def train_model(params: Params, role: str, progress: bool = True, stop_after: int | None = None) -> Path:
     """Train `role` of the configured family; returns the saved model directory.
 
-    `stop_after` ends the run after that many optimizer steps without saving the final model (tests
-    use it to stop at a known point; a killed process behaves the same from the last checkpoint).
+    `stop_after` ends the run after that many optimizer steps with a checkpoint and no final model
+    (a later call resumes from there).
     """
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM
@@ -183,7 +183,9 @@ def train_model(params: Params, role: str, progress: bool = True, stop_after: in
         if step % tp.checkpoint_every == 0 and step < total_steps:
             _save_checkpoint(ckpt, model, optimizer, scheduler, step, total_steps, losses,
                              time.perf_counter() - started, config)
-        if stop_after is not None and step >= stop_after:
+        if stop_after is not None and step >= stop_after and step < total_steps:
+            _save_checkpoint(ckpt, model, optimizer, scheduler, step, total_steps, losses,
+                             time.perf_counter() - started, config)
             bar.close()
             return ckpt_dir
     bar.close()

@@ -1,0 +1,45 @@
+"""params.yaml is validated against the schema; every error names the key."""
+
+import pytest
+import yaml
+
+from study_fixtures import REPO, smoke_params
+from viasd import config
+from viasd.config import ConfigError
+
+
+def test_default_and_smoke_parse():
+    default = config.load(REPO / "params.yaml")
+    assert default.family.name == "default" and default.family.target.layers == 12
+    smoke = config.load(REPO / "params.yaml", [REPO / "config" / "smoke.yaml"])
+    assert smoke.family.name == "smoke" and smoke.data.max_files == 60
+
+
+@pytest.mark.parametrize("override,needle", [
+    ({"models": {"families": {"smoke": {"target": {"layers": "four"}}}}},
+     "models.families.smoke.target.layers: 'four' is not of type 'integer'"),
+    ({"models": {"families": {"smoke": {"target": {"hidden": 65}}}}}, "hidden 65 is not divisible by heads"),
+    ({"models": {"family": "huge"}}, "models.family: 'huge' is not one of models.families"),
+    ({"data": {"split": {"train": 0.9}}}, "data.split: the fractions add up to"),
+    ({"tasks": {"poetry": {"dev_prompts": 1}}}, "tasks.poetry: unknown task"),
+    ({"train": {"batch_size": 0}}, "train.batch_size: 0 is less than the minimum of 1"),
+    ({"train": {"bogus": 1}}, "Additional properties are not allowed ('bogus' was unexpected)"),
+])
+def test_malformed_params_name_the_key(tmp_path, override, needle):
+    path = smoke_params(tmp_path, override)
+    with pytest.raises(ConfigError) as err:
+        config.load(path)
+    assert needle in str(err.value)
+
+
+def test_unreadable_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        config.load(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("seed: [1,\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        config.load(bad)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text(yaml.safe_dump(3))
+    with pytest.raises(ConfigError, match="mapping"):
+        config.load(scalar)

@@ -1,0 +1,117 @@
+"""train-model: the smoke family trains through the real code, honours the architecture fields,
+resumes exactly after being killed, and distils the draft from the target."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from study_fixtures import smoke_params
+from viasd import DecodePolicy, config, load_models
+from viasd.data.prepare import prepare_data
+from viasd.errors import VocabularyMismatchError
+from viasd.models import ModelSet
+from viasd.training.train import TrainingError, train_model
+
+TINY = {"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64, "train_tokens": 120000, "lr": 3e-3}
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("train")
+    params = config.load(smoke_params(tmp))
+    prepare_data(params, progress=False)
+    for role in ("target", "draft", "independent"):
+        train_model(params, role, progress=False)
+    return tmp, params
+
+
+def test_family_trains_and_reports(study):
+    _, params = study
+    reports = {}
+    for role in ("target", "draft", "independent"):
+        out = params.model_dir(role)
+        assert (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
+        reports[role] = json.loads((out / "training.json").read_text())
+        arch = params.family.arch(role)
+        cfg = json.loads((out / "config.json").read_text())
+        assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"], cfg["intermediate_size"]) == \
+            (arch.layers, arch.hidden, arch.heads, arch.intermediate)
+        assert cfg["vocab_size"] == params.data.vocab_size
+        assert reports[role]["test_perplexity"] > 1 and reports[role]["parameters"] > 0
+    assert reports["draft"]["distilled"] and not reports["target"]["distilled"]
+    assert reports["target"]["test_nll"] < reports["draft"]["test_nll"]
+    assert not list(params.models_dir.glob("*/.*checkpoint"))
+
+
+def test_trained_family_decodes(study):
+    _, params = study
+    models = load_models(params.model_dir("target"), draft=params.model_dir("draft"), masks=[[0, 2]], device="cpu")
+    ids = models.encode("def main():\n")
+    ar = models.generate(ids, DecodePolicy(method="ar", max_new_tokens=16, eos_token_ids=()))
+    sd = models.generate(ids, DecodePolicy(method="sd", gamma=3, max_new_tokens=16, eos_token_ids=()))
+    assert sd.token_ids == ar.token_ids
+
+
+def _weights(path):
+    return load_file(str(path / "model.safetensors"))
+
+
+def test_killed_training_resumes_to_the_same_weights(study, tmp_path):
+    src_tmp, params = study
+    override = {"models": {"dir": "models-resume", "families": {"smoke": {"target": TINY}}},
+                "data": {"dir": str(params.data.dir)}, "train": {"checkpoint_every": 10}}
+    path = smoke_params(tmp_path, override)
+    resumed = config.load(path)
+    cmd = [sys.executable, "-m", "viasd.cli", "train-model", "--role", "target", "--params", str(path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    ckpt = resumed.models_dir / "smoke" / ".target.checkpoint" / "checkpoint.pt"
+    deadline = time.time() + 240
+    while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    assert proc.poll() is None, "training finished before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    step_at_kill = torch.load(ckpt, weights_only=False)["step"]
+    assert not (resumed.model_dir("target") / "model.safetensors").exists()
+    train_model(resumed, "target", progress=False)  # resumes from the checkpoint
+    report = json.loads((resumed.model_dir("target") / "training.json").read_text())
+    assert report["steps"] > step_at_kill >= 10
+    (tmp_path / "fresh").mkdir()
+    fresh = config.load(smoke_params(tmp_path / "fresh", {**override, "models": {**override["models"],
+                                                                                 "dir": "models-fresh"}}))
+    train_model(fresh, "target", progress=False)
+    a, b = _weights(resumed.model_dir("target")), _weights(fresh.model_dir("target"))
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_distillation_needs_the_target(study, tmp_path):
+    _, params = study
+    fresh = config.load(smoke_params(tmp_path, {"models": {"dir": "empty"}, "data": {"dir": str(params.data.dir)}}))
+    with pytest.raises(TrainingError, match="needs the trained target"):
+        train_model(fresh, "draft", progress=False)
+
+
+def test_missing_data_is_a_clear_error(tmp_path):
+    params = config.load(smoke_params(tmp_path))
+    with pytest.raises(TrainingError, match="run `viasd prepare-data` first"):
+        train_model(params, "target", progress=False)
+
+
+def test_tokenizer_that_does_not_match_the_models(study, tmp_path):
+    _, params = study
+    from tiny_models import build_tokenizer
+
+    other = build_tokenizer(tmp_path / "tok", vocab_size=params.data.vocab_size + 100)
+    models = load_models(params.model_dir("target"), device="cpu")
+    with pytest.raises(VocabularyMismatchError, match="output layer has only"):
+        ModelSet(models.target, other, models.target, draft_tokenizer=other)

@@ -1,0 +1,22 @@
+"""Text metrics through `evaluate`, from the local modules in `viasd/metrics/modules/`."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+MODULES = Path(__file__).parent / "modules"
+TEXT_METRICS = ("rouge", "bleu", "chrf", "exact_match", "gsm8k_accuracy", "exact_prefix")
+
+
+@lru_cache(maxsize=None)
+def load_metric(name: str):
+    import evaluate
+
+    if name not in TEXT_METRICS:
+        raise ValueError(f"unknown text metric {name!r}; known: {', '.join(TEXT_METRICS)}")
+    return evaluate.load(str(MODULES / name))
+
+
+def compute(name: str, predictions: list[str], references: list) -> dict:
+    return load_metric(name).compute(predictions=predictions, references=references)
