@@ -115,3 +115,17 @@ def test_tokenizer_that_does_not_match_the_models(study, tmp_path):
     models = load_models(params.model_dir("target"), device="cpu")
     with pytest.raises(VocabularyMismatchError, match="output layer has only"):
         ModelSet(models.target, other, models.target, draft_tokenizer=other)
+
+
+def test_decode_command_on_the_trained_family(study, capsys, tmp_path):
+    from viasd.cli import main
+
+    src_tmp, params = study
+    out = tmp_path / "rows.jsonl"
+    args = ["decode", "--params", str(src_tmp / "params.yaml"), "--task", "stdlib_continuation", "--method", "sd",
+            "--gamma", "3", "--limit", "2", "--device", "cpu", "--out", str(out)]
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["examples"] == 2 and summary["method"] == "sd" and 0 <= summary["acceptance_rate"] <= 1
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 2 and sum(r["stats"]["new_tokens"] for r in rows) == summary["new_tokens"]

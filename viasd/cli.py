@@ -114,6 +114,18 @@ def _add_params(p) -> None:
     p.add_argument("--params", type=Path, default=Path("params.yaml"), help="the study's parameter file")
     p.add_argument("--config", type=Path, action="append", default=[], metavar="FILE",
                    help="a file merged over --params (e.g. config/smoke.yaml); may be repeated")
+    p.add_argument("--no-track", action="store_true", help="do not record the run in MLflow")
+
+
+def _track(args, params, stage: str, run_name: str, run_params: dict, metrics: dict, tags: dict | None = None,
+           artifacts=(), series=None) -> None:
+    """Record the stage run in MLflow (after its files are written; a failure only warns)."""
+    if args.no_track or metrics.get("up_to_date"):
+        return
+    from .tracking import record_run
+
+    record_run(args.params.resolve().parent, f"viasd-{params.family.name}", run_name, run_params, metrics,
+               {"stage": stage, "pair": params.family.name, **(tags or {})}, artifacts, series)
 
 
 def _load_params(args):
@@ -131,7 +143,12 @@ def _add_prepare_data(sub) -> None:
 def _prepare_data(args) -> int:
     from .data.prepare import prepare_data
 
-    out = prepare_data(_load_params(args))
+    params = _load_params(args)
+    out = prepare_data(params)
+    manifest = json.loads((out / "manifest.json").read_text())
+    _track(args, params, "prepare_data", "prepare_data", {"data": params.raw["data"], "tasks": params.raw["tasks"]},
+           {f"tokens_{k}": v for k, v in manifest["tokens"].items()} | {"vocab_size": manifest["vocab_size"]},
+           {"python_version": manifest["python_version"]}, [out / "manifest.json"])
     print(out)
     return 0
 
@@ -148,10 +165,117 @@ def _add_train_model(sub) -> None:
 def _train_model(args) -> int:
     from .training.train import read_training_report, train_model
 
-    out = train_model(_load_params(args), args.role)
+    params = _load_params(args)
+    out = train_model(params, args.role)
     report = read_training_report(out)
+    _track(args, params, "train_model", f"train_model/{args.role}",
+           {"arch": vars(params.family.arch(args.role)), "train": vars(params.train), "seed": params.seed},
+           {k: report[k] for k in ("parameters", "steps", "train_seconds", "tokens_per_second", "test_nll",
+                                   "test_perplexity", "final_loss")},
+           {"role": args.role}, [out / "training.json"], {"train_loss": report["loss_curve"]})
     print(json.dumps({k: report[k] for k in ("role", "parameters", "steps", "train_seconds", "test_nll",
                                              "test_perplexity")}))
+    return 0
+
+
+def _add_decode(sub) -> None:
+    from .policy import METHODS
+
+    p = sub.add_parser("decode", help="decode a task split with the study's trained models; print summed statistics")
+    _add_params(p)
+    p.add_argument("--task", required=True)
+    p.add_argument("--split", default="test", choices=["dev", "test"])
+    p.add_argument("--method", default="sd", choices=METHODS)
+    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--keep-layers", help="slim verifier layers, e.g. 0,2,4 (viasd, cascade_sd)")
+    p.add_argument("--tau-accept", type=_float, default=1.0)
+    p.add_argument("--tau-slim", type=_float, default=0.5)
+    p.add_argument("--limit", type=int, help="decode only the first N examples")
+    p.add_argument("--out", type=Path, help="write one JSON line per example here")
+    p.add_argument("--device", default="auto")
+    p.set_defaults(func=_decode)
+
+
+def _decode(args) -> int:
+    from .evaluation import decode_examples
+    from .io import write_jsonl
+    from .models import load_models
+    from .policy import DecodePolicy
+    from .routing import RoutingMask, num_decoder_layers
+    from .tasks import get_task, load_examples
+
+    params = _load_params(args)
+    spec = get_task(args.task)
+    examples = load_examples(params.data.dir, args.task, args.split)[: args.limit]
+    models = load_models(params.model_dir("target"), draft=params.model_dir("draft") if args.method != "ar" else None,
+                         device=args.device)
+    if args.keep_layers:
+        models.add_mask(RoutingMask.parse(args.keep_layers, num_decoder_layers(models.target)))
+    max_new = params.tasks.get(args.task, {}).get("max_new_tokens", 128)
+    policy = DecodePolicy(method=args.method, gamma=args.gamma, max_new_tokens=max_new, tau_accept=args.tau_accept,
+                          tau_slim=args.tau_slim)
+    rows, stats = decode_examples(models, examples, policy, spec)
+    if args.out:
+        write_jsonl(args.out, rows)
+    summary = stats.as_dict()
+    summary.update(task=args.task, split=args.split, examples=len(rows))
+    _track(args, params, "decode", f"decode/{args.task}/{args.method}",
+           {"method": args.method, "gamma": args.gamma, "tau_accept": args.tau_accept, "tau_slim": args.tau_slim,
+            "keep_layers": args.keep_layers, "split": args.split, "examples": len(rows)},
+           {k: v for k, v in summary.items() if not isinstance(v, (dict, list, str))},
+           {"task": args.task, "method": args.method}, [args.out] if args.out else [])
+    print(json.dumps(summary))
+    return 0
+
+
+def _add_dimr_search(sub) -> None:
+    p = sub.add_parser("dimr-search", help="search the routing mask of the slim verifier (resumable)")
+    _add_params(p)
+    p.set_defaults(func=_dimr_search)
+
+
+def _dimr_search(args) -> int:
+    from .stages.dimr_stage import run_dimr_stage
+
+    from .stages.dimr_stage import mask_paths
+
+    params = _load_params(args)
+    out = run_dimr_stage(params)
+    paths = mask_paths(params)
+    trace = [json.loads(line) for line in paths["trace"].read_text().splitlines()]
+    _track(args, params, "dimr_search", "dimr_search", out["config"],
+           {"up_to_date": out.get("up_to_date", False)} | {k: out[k] for k in ("cost", "best_random_cost", "trials", "search_seconds", "reference_seconds",
+                                "forward_passes", "budget_layers")},
+           {"keep_layers": ",".join(map(str, out["keep_layers"])), "cost_fn": out["cost_fn"]},
+           [paths[k] for k in ("mask", "trace", "curve", "layers", "random", "truncate", "every_other")],
+           {"trial_cost": [t["cost"] for t in sorted(trace, key=lambda t: t["number"])]})
+    print(json.dumps({k: out[k] for k in ("keep_layers", "cost", "best_random_cost", "trials", "search_seconds")}))
+    return 0
+
+
+def _add_tune_thresholds(sub) -> None:
+    p = sub.add_parser("tune-thresholds", help="tune VIA-SD's tau_accept, tau_slim, gamma and rules on a dev split")
+    _add_params(p)
+    p.add_argument("--task", help="default: thresholds.task of params.yaml")
+    p.set_defaults(func=_tune_thresholds)
+
+
+def _tune_thresholds(args) -> int:
+    from .stages.thresholds_stage import run_thresholds_stage
+
+    from .stages.thresholds_stage import threshold_paths
+
+    params = _load_params(args)
+    out = run_thresholds_stage(params, args.task)
+    paths = threshold_paths(params, out["task"])
+    trace = sorted((json.loads(line) for line in paths["trace"].read_text().splitlines()), key=lambda t: t["number"])
+    _track(args, params, "tune_thresholds", f"tune_thresholds/{out['task']}",
+           {k: out[k] for k in ("gamma", "tau_accept", "tau_slim", "score", "confidence", "max_quality_drop")}
+           | {"search": out["signature"]["config"]},
+           {**out["dev"], "trials": out["trials"], "up_to_date": out.get("up_to_date", False)}, {"task": out["task"]}, [paths["json"], paths["plot"]],
+           {"trial_cost_per_token": [t["cost_per_token"] for t in trace],
+            "trial_quality_drop": [t["quality_drop"] for t in trace]})
+    print(json.dumps({k: out[k] for k in ("gamma", "tau_accept", "tau_slim", "score", "confidence", "dev")}))
     return 0
 
 
@@ -162,6 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     _add_prepare_data(sub)
     _add_train_model(sub)
+    _add_decode(sub)
+    _add_dimr_search(sub)
+    _add_tune_thresholds(sub)
     return parser
 
 

@@ -97,6 +97,26 @@ class DecodeStats:
     def full_passes_per_token(self) -> float | None:
         return _ratio(self.passes.get("target", 0), self.new_tokens)
 
+    @classmethod
+    def merge(cls, parts: list[DecodeStats]) -> DecodeStats:
+        """Counters summed over several decodes (rates then follow from the sums)."""
+        if not parts:
+            raise ValueError("nothing to merge")
+        total = cls(method=parts[0].method)
+        for part in parts:
+            for name, value in vars(part).items():
+                current = getattr(total, name)
+                if isinstance(value, bool) or name == "method":
+                    continue
+                if isinstance(value, (int, float)):
+                    setattr(total, name, current + value)
+                elif isinstance(value, list):
+                    setattr(total, name, [a + b for a, b in zip(current, value)] if current else list(value))
+                elif isinstance(value, dict):
+                    for key, v in value.items():
+                        current[key] = current.get(key, 0) + v
+        return total
+
     def as_dict(self) -> dict:
         """Counters plus the derived rates, JSON-ready."""
         out = asdict(self)

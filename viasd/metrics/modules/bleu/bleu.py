@@ -1,19 +1,5 @@
-"""Local `evaluate` module `bleu` (loadable offline: `evaluate.load(path_to_this_directory)`)."""
+"""Local `evaluate` module `bleu`, loadable offline: `evaluate.load("viasd/metrics/modules/bleu")`."""
 
-import datasets
-import evaluate
+from viasd.metrics.module_base import scoring_metric
 
-from viasd.metrics import scoring
-
-
-class Metric(evaluate.Metric):
-    def _info(self):
-        return evaluate.MetricInfo(
-            description=scoring.bleu.__doc__ or "bleu",
-            citation="",
-            inputs_description="predictions: list of str; references: list of str",
-            features=datasets.Features({"predictions": datasets.Value("string"), "references": datasets.Value("string")}),
-        )
-
-    def _compute(self, predictions, references):
-        return scoring.bleu(list(predictions), list(references))
+Metric = scoring_metric("bleu")

@@ -1,19 +1,5 @@
-"""Local `evaluate` module `exact_match` (loadable offline: `evaluate.load(path_to_this_directory)`)."""
+"""Local `evaluate` module `exact_match`, loadable offline: `evaluate.load("viasd/metrics/modules/exact_match")`."""
 
-import datasets
-import evaluate
+from viasd.metrics.module_base import scoring_metric
 
-from viasd.metrics import scoring
-
-
-class Metric(evaluate.Metric):
-    def _info(self):
-        return evaluate.MetricInfo(
-            description=scoring.exact_match.__doc__ or "exact_match",
-            citation="",
-            inputs_description="predictions: list of str; references: list of str",
-            features=datasets.Features({"predictions": datasets.Value("string"), "references": datasets.Sequence(datasets.Value("string"))}),
-        )
-
-    def _compute(self, predictions, references):
-        return scoring.exact_match(list(predictions), list(references))
+Metric = scoring_metric("exact_match")

@@ -1,19 +1,5 @@
-"""Local `evaluate` module `gsm8k_accuracy` (loadable offline: `evaluate.load(path_to_this_directory)`)."""
+"""Local `evaluate` module `gsm8k_accuracy`, loadable offline: `evaluate.load("viasd/metrics/modules/gsm8k_accuracy")`."""
 
-import datasets
-import evaluate
+from viasd.metrics.module_base import scoring_metric
 
-from viasd.metrics import scoring
-
-
-class Metric(evaluate.Metric):
-    def _info(self):
-        return evaluate.MetricInfo(
-            description=scoring.gsm8k_accuracy.__doc__ or "gsm8k_accuracy",
-            citation="",
-            inputs_description="predictions: list of str; references: list of str",
-            features=datasets.Features({"predictions": datasets.Value("string"), "references": datasets.Value("string")}),
-        )
-
-    def _compute(self, predictions, references):
-        return scoring.gsm8k_accuracy(list(predictions), list(references))
+Metric = scoring_metric("gsm8k_accuracy")

@@ -1,0 +1,197 @@
+"""DIMR mask search and threshold tuning on the smoke family: cost maths by hand, real kill-and-resume,
+no-op re-runs, and clear errors for impossible budgets, missing calibration and infeasible constraints."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+import torch
+
+from study_fixtures import smoke_params
+from viasd import config, load_models
+from viasd.data.prepare import prepare_data
+from viasd.routing import RoutingMask
+from viasd.search.calibration import CalibrationError, load_calibration
+from viasd.search.cost import kl, position_costs
+from viasd.search.dimr import MaskCost, SearchError, top_k_mask
+from viasd.search.thresholds import InfeasibleError
+from viasd.stages.dimr_stage import mask_paths, run_dimr_stage
+from viasd.stages.thresholds_stage import run_thresholds_stage, threshold_paths
+from viasd.training.train import train_model
+
+
+def test_kl_by_hand():
+    p = torch.tensor([0.5, 0.5]).log()
+    q = torch.tensor([0.25, 0.75]).log()
+    expected = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)
+    assert kl(p, q).item() == pytest.approx(expected)
+    assert kl(p, p).item() == 0.0
+    u = torch.tensor([0.4, 0.6]).log()
+    assert position_costs("path", p, u, q).item() == pytest.approx((kl(p, u) + kl(u, q)).item())
+    assert position_costs("target", p, u, q).item() == pytest.approx(kl(q, u).item())
+    with pytest.raises(ValueError):
+        position_costs("nope", p, u, q)
+
+
+def test_top_k_mask():
+    assert top_k_mask([0.1, 0.9, 0.5, 0.9], 2) == [1, 3]
+    assert top_k_mask([0.3, 0.3, 0.3], 1) == [0]
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("search")
+    params = config.load(smoke_params(tmp))
+    prepare_data(params, progress=False)
+    for role in ("target", "draft"):
+        train_model(params, role, progress=False)
+    return tmp, params
+
+
+def test_full_mask_has_zero_target_cost(study):
+    _, params = study
+    models = load_models(params.model_dir("target"), draft=params.model_dir("draft"), device="cpu")
+    calibration = load_calibration(params.data.dir / "calibration.parquet")
+    cost = MaskCost(models.target, models.draft, calibration, models.vocab_size, "target", 4)
+    n = params.family.target.layers
+    assert cost(RoutingMask.from_layers(list(range(n)), n)) == pytest.approx(0.0, abs=1e-6)
+    assert cost(RoutingMask.from_layers([0], n)) > 0
+    passes = cost.passes
+    cost(RoutingMask.from_layers([0], n))  # memoised
+    assert cost.passes == passes
+
+
+def test_dimr_stage_outputs_and_noop_rerun(study):
+    _, params = study
+    out = run_dimr_stage(params, progress=False)
+    paths = mask_paths(params)
+    for key in ("mask", "trace", "storage", "curve", "layers", "random", "truncate", "every_other"):
+        assert paths[key].exists(), key
+    assert len(out["keep_layers"]) == round(0.5 * params.family.target.layers)
+    assert out["cost"] <= out["best_random_cost"]
+    trace = [json.loads(line) for line in paths["trace"].read_text().splitlines()]
+    assert len(trace) == out["trials"] == 8 and {t["phase"] for t in trace} == {"random", "bayes"}
+    for name in ("random", "truncate", "every_other"):
+        baseline = json.loads(paths[name].read_text())
+        assert len(baseline["keep_layers"]) == out["budget_layers"] and baseline["cost"] > 0
+    assert json.loads(paths["truncate"].read_text())["keep_layers"] == [0, 1]
+    mtime = paths["mask"].stat().st_mtime_ns
+    again = run_dimr_stage(params, progress=False)
+    assert again == {**out, "up_to_date": True} and paths["mask"].stat().st_mtime_ns == mtime
+    models = load_models(params.model_dir("target"), draft=params.model_dir("draft"), masks=[paths["mask"]],
+                         device="cpu")
+    assert list(models.slims[0].mask.keep_layers) == out["keep_layers"]
+
+
+def _complete(storage, name):
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        return []
+    return [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+
+
+def test_killed_search_resumes_without_losing_or_repeating_trials(study, tmp_path):
+    _, params = study
+    override = {"data": {"dir": str(params.data.dir)}, "models": {"dir": str(params.models_dir)},
+                "dimr": {"n_random": 40, "n_bayes": 20, "cost": "target"}}
+    path = smoke_params(tmp_path, override)
+    resumed = config.load(path)
+    paths = mask_paths(resumed)
+    for key in ("mask", "storage"):
+        paths[key].unlink(missing_ok=True)
+    storage = f"sqlite:///{paths['storage']}"
+    cmd = [sys.executable, "-m", "viasd.cli", "dimr-search", "--params", str(path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 240
+    while proc.poll() is None and time.time() < deadline:
+        if paths["storage"].exists() and len(_complete(storage, "dimr-smoke")) >= 5:
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "the search finished before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = {t.number: t.user_attrs["keep_layers"] for t in _complete(storage, "dimr-smoke")}
+    assert 5 <= len(before) < 60 and not paths["mask"].exists()
+    out = run_dimr_stage(resumed, progress=False)
+    after = _complete(storage, "dimr-smoke")
+    assert len(after) == out["trials"] == 60  # none lost, none run twice
+    assert all(t.user_attrs["keep_layers"] == before[t.number] for t in after if t.number in before)
+    assert out["forward_passes"] <= (60 - len(before)) * math.ceil(resumed.data.calibration_sequences / 4)
+
+
+def test_impossible_budget_and_missing_calibration(study, tmp_path):
+    _, params = study
+    with pytest.raises(SearchError, match="no mask meets that budget"):
+        run_dimr_stage(params, progress=False, keep_ratio=0.05)
+    empty = config.load(smoke_params(tmp_path, {"data": {"dir": str(tmp_path / "nodata")},
+                                                "models": {"dir": str(tmp_path / "nomodels")}}))
+    with pytest.raises(CalibrationError, match="does not exist"):
+        run_dimr_stage(empty, progress=False)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"input_ids": pa.array([], type=pa.list_(pa.int64()))}), tmp_path / "empty.parquet")
+    with pytest.raises(CalibrationError, match="is empty"):
+        load_calibration(tmp_path / "empty.parquet")
+
+
+def test_thresholds_stage_and_infeasible_constraint(study, tmp_path):
+    _, params = study
+    run_dimr_stage(params, progress=False)
+    result = run_thresholds_stage(params, progress=False)
+    paths = threshold_paths(params, "stdlib_continuation")
+    assert paths["json"].exists() and paths["plot"].exists() and paths["trace"].exists()
+    assert result["gamma"] in (2, 3, 4, 6) and result["dev"]["quality_drop"] <= 0.5
+    assert run_thresholds_stage(params, progress=False) == {**result, "up_to_date": True}  # no-op re-run
+
+
+def test_infeasible_constraint_names_it_and_writes_nothing(study, tmp_path):
+    """Agreement is made impossible by scoring against a reference of an id no model can emit, so
+    no trial can be feasible; the error names the constraint, and the stage writes its outputs only
+    after a feasible result."""
+    from viasd.search.thresholds import DevSet, ThresholdConfig, tune_thresholds
+    from viasd.tasks import load_examples
+
+    _, params = study
+    run_dimr_stage(params, progress=False)
+    models = load_models(params.model_dir("target"), draft=params.model_dir("draft"),
+                         masks=[mask_paths(params)["mask"]], device="cpu")
+    dev = DevSet(models, load_examples(params.data.dir, "stdlib_continuation", "dev")[:2], 8)
+    dev.reference = [[models.vocab_size] * len(ref) for ref in dev.reference]
+    cfg = ThresholdConfig(n_trials=3, max_quality_drop=0.5)
+    storage = tmp_path / "t.db"
+    with pytest.raises(InfeasibleError, match=r"smallest quality drop over 3 trials was .* > max_quality_drop 0.5"):
+        tune_thresholds(dev, cfg, f"sqlite:///{storage}", "t", progress=False)
+
+
+def test_search_commands_are_recorded_in_mlflow(study, tmp_path, monkeypatch, capsys):
+    from mlflow.tracking import MlflowClient
+
+    from viasd.cli import main
+
+    src, params = study
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    for path in mask_paths(params).values():
+        if path.suffix in (".json", ".db"):
+            path.unlink(missing_ok=True)
+    assert main(["dimr-search", "--params", str(src / "params.yaml")]) == 0
+    assert main(["dimr-search", "--params", str(src / "params.yaml")]) == 0  # no-op: no second run
+    capsys.readouterr()
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("viasd-smoke").experiment_id])
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.data.tags["stage"] == "dimr_search" and run.data.tags["pair"] == "smoke"
+    assert run.data.metrics["cost"] <= run.data.metrics["best_random_cost"]
+    assert run.data.params["cost"] == "path" and run.data.params["n_random"] == "4"
+    assert len(client.get_metric_history(run.info.run_id, "trial_cost")) == 8
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert "smoke.json" in artifacts and "smoke-search.png" in artifacts

@@ -1,0 +1,44 @@
+"""Teacher-forced log-probabilities on the calibration set, computed once per search and reused by
+every trial, so a trial costs one slim forward pass over the calibration tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ViasdError
+
+
+class CalibrationError(ViasdError):
+    """The calibration set is missing, empty or unusable."""
+
+
+def load_calibration(path: Path) -> torch.Tensor:
+    """LongTensor `[N, T]` of token windows from `calibration.parquet`."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if not path.exists():
+        raise CalibrationError(f"calibration set {path} does not exist: run `viasd prepare-data` first")
+    rows = pq.read_table(path, columns=["input_ids"]).column("input_ids").to_pylist()
+    rows = [r for r in rows if r]
+    if not rows:
+        raise CalibrationError(f"calibration set {path} is empty")
+    length = min(map(len, rows))
+    if length < 2:
+        raise CalibrationError(f"calibration set {path} has windows shorter than 2 tokens")
+    return torch.tensor([r[:length] for r in rows], dtype=torch.long)
+
+
+@torch.inference_mode()
+def log_probs(forward, tokens: torch.Tensor, vocab_size: int, batch_size: int = 8) -> torch.Tensor:
+    """`forward(input_ids) -> logits`; returns float32 log-probabilities `[N, T-1, V]` predicting
+    tokens `1..T-1` of each window."""
+    out = []
+    for start in range(0, tokens.shape[0], batch_size):
+        batch = tokens[start : start + batch_size, :-1]
+        logits = forward(batch)[..., :vocab_size].float()
+        out.append(F.log_softmax(logits, dim=-1).cpu())
+    return torch.cat(out)

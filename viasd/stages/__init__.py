@@ -1,0 +1,2 @@
+"""Stage boundaries: parameters in, files out (atomically). Each `viasd` subcommand calls one; the
+Snakemake rules and DVC stages call the subcommands."""

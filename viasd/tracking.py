@@ -1,0 +1,100 @@
+"""MLflow tracking at the stage boundary (never imported by decoding, routing or the searches).
+
+Results are files first and MLflow second: a tracking failure is logged as a warning and never
+loses or fails a stage. The store is `MLFLOW_TRACKING_URI` if set, else `sqlite:///mlflow.db` beside
+params.yaml; one experiment per study (`viasd-<family>`). Transient errors (a locked SQLite
+database under parallel jobs) are retried.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def tracking_uri(root: Path) -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(root).resolve() / 'mlflow.db'}"
+
+
+def git_commit(root: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def _flatten(data: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _numeric(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def record_run(root: Path, experiment: str, run_name: str, params: dict, metrics: dict, tags: dict,
+               artifacts: Iterable[Path] = (), series: dict[str, list[float]] | None = None,
+               attempts: int = 5) -> str | None:
+    """Log one MLflow run; returns its id, or None when tracking failed (the stage still succeeds)."""
+    for attempt in range(attempts):
+        try:
+            return _record(root, experiment, run_name, params, metrics, tags, artifacts, series or {})
+        except Exception as err:  # noqa: BLE001 - tracking must never fail a stage
+            transient = "locked" in str(err).lower() or "busy" in str(err).lower()
+            if transient and attempt + 1 < attempts:
+                time.sleep(0.5 * (attempt + 1))
+                continue
+            log.warning("MLflow tracking failed (%s); the stage's results are in its output files", err)
+            return None
+    return None
+
+
+def _record(root, experiment, run_name, params, metrics, tags, artifacts, series) -> str:
+    from mlflow.entities import Metric, Param
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri(root))
+    found = client.get_experiment_by_name(experiment)
+    exp_id = found.experiment_id if found else _create_experiment(client, experiment)
+    all_tags = {"mlflow.runName": run_name, "git_commit": git_commit(root) or "unknown", **tags}
+    run = client.create_run(exp_id, run_name=run_name, tags={k: str(v) for k, v in all_tags.items()})
+    run_id = run.info.run_id
+    try:
+        now = int(time.time() * 1000)
+        flat = {k: v for k, v in _flatten(params).items() if v is not None}
+        batch_params = [Param(k, str(v)[:6000]) for k, v in sorted(flat.items())]
+        batch_metrics = [Metric(k, float(v), now, 0) for k, v in _flatten(metrics).items() if _numeric(v)]
+        for name, values in series.items():
+            batch_metrics += [Metric(name, float(v), now, i) for i, v in enumerate(values) if _numeric(v)]
+        for i in range(0, max(len(batch_params), 1), 100):
+            client.log_batch(run_id, params=batch_params[i : i + 100])
+        for i in range(0, len(batch_metrics), 1000):
+            client.log_batch(run_id, metrics=batch_metrics[i : i + 1000])
+        for path in artifacts:
+            if Path(path).exists():
+                client.log_artifact(run_id, str(path))
+        client.set_terminated(run_id, "FINISHED")
+    except BaseException:
+        client.set_terminated(run_id, "FAILED")
+        raise
+    return run_id
+
+
+def _create_experiment(client, name: str) -> str:
+    try:
+        return client.create_experiment(name)
+    except Exception:  # created meanwhile by a parallel job
+        return client.get_experiment_by_name(name).experiment_id
