@@ -235,9 +235,7 @@ def _add_dimr_search(sub) -> None:
 
 
 def _dimr_search(args) -> int:
-    from .stages.dimr_stage import run_dimr_stage
-
-    from .stages.dimr_stage import mask_paths
+    from .stages.dimr_stage import mask_paths, run_dimr_stage
 
     params = _load_params(args)
     out = run_dimr_stage(params)
@@ -261,9 +259,7 @@ def _add_tune_thresholds(sub) -> None:
 
 
 def _tune_thresholds(args) -> int:
-    from .stages.thresholds_stage import run_thresholds_stage
-
-    from .stages.thresholds_stage import threshold_paths
+    from .stages.thresholds_stage import run_thresholds_stage, threshold_paths
 
     params = _load_params(args)
     out = run_thresholds_stage(params, args.task)

@@ -53,7 +53,8 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def _looks_local(name: str) -> bool:
-    return name.startswith((".", "/", "~")) or os.sep + os.sep in name or name.count("/") > 1
+    """A path rather than a hub id (`org/name` has exactly one slash and no leading ./ or ~)."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or (os.sep != "/" and os.sep in name)
 
 
 def load_model(name_or_path: str | Path, device: str = "auto", dtype: str = "auto",
