@@ -268,10 +268,12 @@ def _tune_thresholds(args) -> int:
     _track(args, params, "tune_thresholds", f"tune_thresholds/{out['task']}",
            {k: out[k] for k in ("gamma", "tau_accept", "tau_slim", "score", "confidence", "max_quality_drop")}
            | {"search": out["signature"]["config"]},
-           {**out["dev"], "trials": out["trials"], "up_to_date": out.get("up_to_date", False)}, {"task": out["task"]}, [paths["json"], paths["plot"]],
+           {**out["dev"], "cost_vs_sd": out["cost_vs_sd"], "trials": out["trials"],
+            "up_to_date": out.get("up_to_date", False)}, {"task": out["task"]}, [paths["json"], paths["plot"]],
            {"trial_cost_per_token": [t["cost_per_token"] for t in trace],
             "trial_quality_drop": [t["quality_drop"] for t in trace]})
-    print(json.dumps({k: out[k] for k in ("gamma", "tau_accept", "tau_slim", "score", "confidence", "dev")}))
+    print(json.dumps({k: out[k] for k in ("gamma", "tau_accept", "tau_slim", "score", "confidence", "dev",
+                                          "cost_vs_sd")}))
     return 0
 
 

@@ -107,5 +107,6 @@ def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage: str, study_name:
             f"{best_drop:.3f} > max_quality_drop {cfg.max_quality_drop}; raise thresholds.max_quality_drop, "
             "widen the tau ranges or run more trials")
     best = min(feasible, key=lambda t: (t["cost_per_token"], t["number"]))
-    return {"best": best, "trials": trials, "pass_cost": dev.pass_cost,
+    sd = dev.evaluate(replace(dev.base, method="sd", gamma=best["gamma"]))  # the lossless baseline, same gamma
+    return {"best": best, "trials": trials, "pass_cost": dev.pass_cost, "sd": sd,
             "ar_seconds_per_token": dev.ar_seconds_per_token}

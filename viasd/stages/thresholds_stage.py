@@ -65,6 +65,9 @@ def run_thresholds_stage(params: Params, task: str | None = None, progress: bool
         "mask": signature["mask"], "dev": {k: best[k] for k in ("cost_per_token", "wall_per_token", "agreement",
                                                                 "quality_drop", "rejection_rate", "acceptance_rate",
                                                                 "block_escalation_rate", "speedup_model_vs_ar")},
+        "sd_same_gamma": {k: out["sd"][k] for k in ("cost_per_token", "wall_per_token", "rejection_rate",
+                                                     "acceptance_rate")},
+        "cost_vs_sd": best["cost_per_token"] / out["sd"]["cost_per_token"],
         "max_quality_drop": cfg.max_quality_drop, "trials": len(out["trials"]), "pass_cost_s": out["pass_cost"],
         "ar_seconds_per_token": out["ar_seconds_per_token"], "signature": signature,
     }
