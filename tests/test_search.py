@@ -209,3 +209,32 @@ def test_search_commands_are_recorded_in_mlflow(study, tmp_path, monkeypatch, ca
     assert len(client.get_metric_history(run.info.run_id, "trial_cost")) == 8
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert "smoke.json" in artifacts and "smoke-search.png" in artifacts
+
+
+def test_killed_threshold_search_resumes(study, tmp_path):
+    _, params = study
+    run_dimr_stage(params, progress=False)
+    override = {"data": {"dir": str(params.data.dir)}, "models": {"dir": str(params.models_dir)},
+                "thresholds": {"n_trials": 14, "task": "humaneval"}}
+    path = smoke_params(tmp_path, override)
+    resumed = config.load(path)
+    paths = threshold_paths(resumed, "humaneval")
+    for key in ("json", "storage"):
+        paths[key].unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "viasd.cli", "tune-thresholds", "--params", str(path), "--no-track"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 240
+    while proc.poll() is None and time.time() < deadline:
+        if _count_complete_readonly(paths["storage"]) >= 3:
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "the search finished before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    storage = f"sqlite:///{paths['storage']}"
+    before = {t.number: t.params for t in _complete(storage, "thresholds-smoke-humaneval")}
+    assert 3 <= len(before) < 14 and not paths["json"].exists()
+    result = run_thresholds_stage(resumed, progress=False)
+    after = _complete(storage, "thresholds-smoke-humaneval")
+    assert len(after) == result["trials"] == 14
+    assert all(t.params == before[t.number] for t in after if t.number in before)
