@@ -110,6 +110,20 @@ def _count_complete_readonly(path) -> int:
         return 0
 
 
+def _kill_after_trials(args, storage_path, trials: int) -> None:
+    """Run `viasd ARGS` in a subprocess and SIGKILL it once `trials` trials are stored."""
+    proc = subprocess.Popen([sys.executable, "-m", "viasd.cli", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 240
+    while proc.poll() is None and time.time() < deadline:
+        if _count_complete_readonly(storage_path) >= trials:
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "the search finished before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
 def test_killed_search_resumes_without_losing_or_repeating_trials(study, tmp_path):
     _, params = study
     override = {"data": {"dir": str(params.data.dir)}, "models": {"dir": str(params.models_dir)},
@@ -120,16 +134,7 @@ def test_killed_search_resumes_without_losing_or_repeating_trials(study, tmp_pat
     for key in ("mask", "storage"):
         paths[key].unlink(missing_ok=True)
     storage = f"sqlite:///{paths['storage']}"
-    cmd = [sys.executable, "-m", "viasd.cli", "dimr-search", "--params", str(path)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 240
-    while proc.poll() is None and time.time() < deadline:
-        if _count_complete_readonly(paths["storage"]) >= 5:
-            break
-        time.sleep(0.2)
-    assert proc.poll() is None, "the search finished before it could be killed"
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    _kill_after_trials(["dimr-search", "--params", str(path)], paths["storage"], 5)
     before = {t.number: t.user_attrs["keep_layers"] for t in _complete(storage, "dimr-smoke")}
     assert 5 <= len(before) < 60 and not paths["mask"].exists()
     out = run_dimr_stage(resumed, progress=False)
@@ -221,16 +226,7 @@ def test_killed_threshold_search_resumes(study, tmp_path):
     paths = threshold_paths(resumed, "humaneval")
     for key in ("json", "storage"):
         paths[key].unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "viasd.cli", "tune-thresholds", "--params", str(path), "--no-track"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 240
-    while proc.poll() is None and time.time() < deadline:
-        if _count_complete_readonly(paths["storage"]) >= 3:
-            break
-        time.sleep(0.2)
-    assert proc.poll() is None, "the search finished before it could be killed"
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    _kill_after_trials(["tune-thresholds", "--params", str(path), "--no-track"], paths["storage"], 3)
     storage = f"sqlite:///{paths['storage']}"
     before = {t.number: t.params for t in _complete(storage, "thresholds-smoke-humaneval")}
     assert 3 <= len(before) < 14 and not paths["json"].exists()

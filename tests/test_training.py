@@ -20,7 +20,7 @@ from viasd.errors import VocabularyMismatchError
 from viasd.models import ModelSet
 from viasd.training.train import TrainingError, train_model
 
-TINY = {"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64, "train_tokens": 120000, "lr": 3e-3}
+TINY = {"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64, "train_tokens": 300000, "lr": 3e-3}
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def test_killed_training_resumes_to_the_same_weights(study, tmp_path):
     deadline = time.time() + 240
     while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
-    time.sleep(0.3)
+    time.sleep(0.1)
     assert proc.poll() is None, "training finished before it could be killed"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
