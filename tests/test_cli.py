@@ -124,3 +124,13 @@ def test_bad_input_gives_one_clear_error(dirs, odd_models, tmp_path, capsys, cas
     assert out == ""
     lines = [line for line in err.splitlines() if line.startswith("viasd: error:")]
     assert len(lines) == 1 and needle in lines[0], err
+
+
+def test_independent_intermediate_from_the_command_line(dirs, pair_dirs, capsys):
+    target, draft = dirs
+    other, _ = pair_dirs("gpt_neox")
+    code, out, err = run_cli(capsys, "--target", target, "--draft", draft, "--independent", other, "--method", "viasd",
+                             "--max-new-tokens", "8", "--prompt", "def f(x):", "--json", "--device", "cpu")
+    assert code == 0, err
+    stats = json.loads(out)["stats"]
+    assert "slim" in stats["passes"] and stats["new_tokens"] == len(json.loads(out)["token_ids"])

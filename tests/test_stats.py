@@ -125,3 +125,30 @@ def test_stats_json_and_summary(model_sets, tokenizer):
         assert key in data
     assert set(data["time_s"]) == {"draft", "slim", "target"}
     assert "tokens" in result.stats.summary()
+
+
+def test_independent_intermediate_model(tokenizer, pair_dirs, tmp_path):
+    """The independent ablation: a separately trained model in the slim verifier's place."""
+    from tiny_models import build_tokenizer
+    from viasd import load_models
+    from viasd.engine import decode
+    from viasd.errors import VocabularyMismatchError
+    from viasd.intermediate import IndependentVerifier
+
+    target_dir, draft_dir = pair_dirs("llama")
+    other_arch, _ = pair_dirs("gpt2")  # any causal LM with the same tokenizer will do
+    loaded = load_models(target_dir, draft=draft_dir, independent=other_arch, device="cpu")
+    assert isinstance(loaded.slims[-1], IndependentVerifier)
+    ids = tokenizer(PROMPTS[0])["input_ids"]
+    sd = loaded.generate(ids, DecodePolicy(method="sd", gamma=4, max_new_tokens=N_NEW, eos_token_ids=()))
+    off = DecodePolicy(method="viasd", gamma=4, max_new_tokens=N_NEW, eos_token_ids=(),
+                       tau_accept=float("inf"), tau_slim=float("inf"))
+    assert loaded.generate(ids, off).token_ids == sd.token_ids
+    on = loaded.generate(ids, DecodePolicy(method="viasd", gamma=4, max_new_tokens=N_NEW, eos_token_ids=(),
+                                           tau_accept=1.0, tau_slim=0.3))
+    check_accounting(on.stats)
+    cascade = decode(ids, DecodePolicy(method="cascade_sd", gamma=3, max_new_tokens=N_NEW, eos_token_ids=()),
+                     loaded.target, loaded.vocab_size, draft=loaded.draft, slims=[loaded.slims[-1]])
+    assert cascade.token_ids == sd.token_ids
+    with pytest.raises(VocabularyMismatchError):
+        loaded.add_independent(loaded.draft, build_tokenizer(tmp_path, vocab_size=300))

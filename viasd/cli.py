@@ -33,6 +33,8 @@ def _add_generate(sub) -> None:
                    help="routing mask JSON ({\"keep_layers\": [...]}); repeat for the N-tier form (smallest first)")
     p.add_argument("--keep-layers", action="append", default=[], metavar="0,2,5",
                    help="slim verifier layers inline, instead of --mask; may be repeated")
+    p.add_argument("--independent", metavar="DIR",
+                   help="a separately trained intermediate model, used after any masks (the independent ablation)")
     p.add_argument("--method", default="viasd", choices=METHODS)
     p.add_argument("--gamma", type=int, default=4, help="draft block length")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -78,7 +80,7 @@ def _generate(args) -> int:
         raise ViasdError("the prompt is empty: give some text to continue")
     if args.method != "ar" and not args.draft:
         raise ViasdError(f"method {args.method} needs --draft")
-    if args.method in ("viasd", "cascade_sd") and not (args.mask or args.keep_layers):
+    if args.method in ("viasd", "cascade_sd") and not (args.mask or args.keep_layers or args.independent):
         raise ViasdError(f"method {args.method} needs a slim verifier: pass --mask FILE or --keep-layers 0,2,...")
     tau = {}
     for name in ("tau_accept", "tau_slim"):
@@ -100,6 +102,12 @@ def _generate(args) -> int:
             models.add_mask(RoutingMask.from_json(path, n))
         for text in args.keep_layers:
             models.add_mask(RoutingMask.parse(text, n))
+        if args.independent:
+            from .models import load_model, load_tokenizer
+
+            independent = load_model(args.independent, args.device, args.dtype, args.trust_remote_code)
+            independent.to(next(models.target.parameters()).device)
+            models.add_independent(independent, load_tokenizer(args.independent, args.trust_remote_code))
     result = models.generate(prompt, policy)
     if args.json:
         print(json.dumps({"text": result.text, "token_ids": result.token_ids, "stats": result.stats.as_dict()}))

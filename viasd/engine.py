@@ -17,6 +17,7 @@ from torch import nn
 
 from .errors import PolicyError, PromptError
 from .policy import DecodePolicy
+from .intermediate import IndependentVerifier
 from .routing import SlimVerifier
 from .runner import ModelRunner
 from .sampling import Sampler
@@ -44,7 +45,7 @@ class DecodeSession:
     """State of one decode. `ids`: LongTensor `[1, capacity]`; `length`: committed tokens (prompt + new)."""
 
     def __init__(self, prompt_ids: Sequence[int], policy: DecodePolicy, target: nn.Module, vocab_size: int,
-                 draft: nn.Module | None = None, slims: Sequence[SlimVerifier] = (), tokenizer=None,
+                 draft: nn.Module | None = None, slims: Sequence[SlimVerifier | IndependentVerifier] = (), tokenizer=None,
                  eos_token_ids: Sequence[int] = ()):
         self.policy = policy
         device = next(target.parameters()).device
@@ -141,7 +142,7 @@ def _dynamic_cache(model: nn.Module):
 
 
 def decode(prompt_ids: Sequence[int], policy: DecodePolicy, target: nn.Module, vocab_size: int,
-           draft: nn.Module | None = None, slims: Sequence[SlimVerifier] = (), tokenizer=None,
+           draft: nn.Module | None = None, slims: Sequence[SlimVerifier | IndependentVerifier] = (), tokenizer=None,
            eos_token_ids: Sequence[int] = ()) -> DecodeResult:
     """Decode `prompt_ids` with `policy.method`: `(models, prompt, policy) -> (tokens, stats)`. Pure:
     no files, no tracking. Greedy results are deterministic; sampled ones are fixed by `policy.seed`."""

@@ -18,6 +18,7 @@ from torch import nn
 
 from .engine import DecodeResult, decode
 from .errors import ModelLoadError, PromptError, VocabularyMismatchError
+from .intermediate import IndependentVerifier
 from .policy import DecodePolicy
 from .routing import RoutingMask, SlimVerifier, num_decoder_layers
 
@@ -159,6 +160,18 @@ class ModelSet:
         self.slims.append(slim)
         return slim
 
+    def add_independent(self, model: nn.Module, tokenizer=None) -> IndependentVerifier:
+        """Use a separately trained model as an intermediate verifier (the independent ablation)."""
+        if tokenizer is not None and self.tokenizer is not None and tokenizer.get_vocab() != self.tokenizer.get_vocab():
+            raise VocabularyMismatchError("the independent intermediate model's vocabulary differs from the target's")
+        if output_vocab(model) < self.vocab_size:
+            raise VocabularyMismatchError(
+                f"the independent intermediate model's output layer has {output_vocab(model)} tokens, fewer than "
+                f"the {self.vocab_size} the target and draft share")
+        verifier = IndependentVerifier(model)
+        self.slims.append(verifier)
+        return verifier
+
     def encode(self, prompt: str) -> list[int]:
         if self.tokenizer is None:
             raise PromptError("a text prompt needs a tokenizer; pass token ids instead")
@@ -183,9 +196,11 @@ class ModelSet:
 
 
 def load_models(target: str | Path, draft: str | Path | None = None, masks: Sequence = (),
-                device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False) -> ModelSet:
+                device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False,
+                independent: str | Path | None = None) -> ModelSet:
     """Load a target (and draft) and route slim verifiers through `masks` (mask files, `RoutingMask`s or
-    lists of layer indices). The tokenizer is the target's."""
+    lists of layer indices); `independent` adds a separately trained intermediate model after them.
+    The tokenizer is the target's."""
     target_model = load_model(target, device, dtype, trust_remote_code)
     draft_model = load_model(draft, device, dtype, trust_remote_code) if draft is not None else None
     if draft_model is not None:
@@ -199,6 +214,10 @@ def load_models(target: str | Path, draft: str | Path | None = None, masks: Sequ
         if isinstance(mask, (str, Path)):
             mask = RoutingMask.from_json(mask, n_layers)
         models.add_mask(mask)
+    if independent is not None:
+        model = load_model(independent, device, dtype, trust_remote_code)
+        model.to(next(target_model.parameters()).device)
+        models.add_independent(model, _optional_tokenizer(independent, trust_remote_code))
     return models
 
 
