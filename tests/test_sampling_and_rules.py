@@ -108,6 +108,7 @@ def test_cascade_rules_by_hand():
     (dict(rule="x"), "unknown spec_cascade rule"),
     (dict(alpha=-1.0), "alpha"),
     (dict(max_lag=-1), "max_lag"),
+    (dict(tau_accept=0.0, sampling=SamplingConfig(temperature=1.0)), "tau_accept must be > 0"),
 ])
 def test_policy_errors(kwargs, needle):
     with pytest.raises(PolicyError, match=needle):

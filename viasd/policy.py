@@ -71,12 +71,10 @@ class DecodePolicy:
             raise PolicyError(f"max_lag must be >= 0 (0 = never force a catch-up), got {self.max_lag}")
         if self.gamma_slim is not None and self.gamma_slim < 1:
             raise PolicyError(f"gamma_slim must be a positive integer, got {self.gamma_slim}")
-        for name in ("tau_accept", "tau_slim"):
-            value = getattr(self, name)
-            levels = value if isinstance(value, (list, tuple)) else (value,)
-            if any(not float(v) > 0 for v in levels) and name == "tau_accept" and SCORES[self.score].probabilistic \
-                    and not self.sampling.greedy:
-                raise PolicyError(f"tau_accept must be > 0 for the {self.score!r} score in sampling mode, got {value}")
+        taus = self.tau_accept if isinstance(self.tau_accept, (list, tuple)) else (self.tau_accept,)
+        if not self.sampling.greedy and SCORES[self.score].probabilistic and any(not float(t) > 0 for t in taus):
+            # sampling mode accepts with probability min(1, s / tau_accept): tau must be positive
+            raise PolicyError(f"tau_accept must be > 0 for the {self.score!r} score in sampling mode, got {self.tau_accept}")
 
     @property
     def lossless(self) -> bool:
