@@ -1,8 +1,8 @@
 """prepare-data: deterministic outputs, disjoint splits, an exact tokenizer, task prompts."""
 
-import filecmp
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -97,4 +97,10 @@ def test_outputs_are_written_atomically(prepared, tmp_path):
         prepare_data(params, progress=False)
     assert not params.data.dir.exists()
     assert [p for p in os.listdir(tmp_path) if p.startswith(".")] == []
-    assert filecmp.cmp(prepared.data.dir / "manifest.json", prepared.data.dir / "manifest.json")
+    # over an existing data directory, the failing run leaves every file as it was
+    shutil.copytree(prepared.data.dir, params.data.dir)
+    before = _tree(params.data.dir)
+    with pytest.raises(TaskError, match="calibration split has"):
+        prepare_data(params, progress=False)
+    assert _tree(params.data.dir) == before
+    assert [p for p in os.listdir(tmp_path) if p.startswith(".")] == []

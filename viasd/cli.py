@@ -102,12 +102,8 @@ def _generate(args) -> int:
             models.add_mask(RoutingMask.from_json(path, n))
         for text in args.keep_layers:
             models.add_mask(RoutingMask.parse(text, n))
-        if args.independent:
-            from .models import load_model, load_tokenizer
-
-            independent = load_model(args.independent, args.device, args.dtype, args.trust_remote_code)
-            independent.to(next(models.target.parameters()).device)
-            models.add_independent(independent, load_tokenizer(args.independent, args.trust_remote_code))
+        if args.independent:  # after the masks: the independent model is the largest level
+            models.add_independent_from(args.independent, args.device, args.dtype, args.trust_remote_code)
     result = models.generate(prompt, policy)
     if args.json:
         print(json.dumps({"text": result.text, "token_ids": result.token_ids, "stats": result.stats.as_dict()}))
@@ -136,6 +132,14 @@ def _track(args, params, stage: str, run_name: str, run_params: dict, metrics: d
                {"stage": stage, "pair": params.family.name, **(tags or {})}, artifacts, series)
 
 
+def _stage_parser(sub, name: str, help: str, func):
+    """A subcommand of the study: reads params.yaml (+ --config overrides), records itself in MLflow."""
+    p = sub.add_parser(name, help=help)
+    _add_params(p)
+    p.set_defaults(func=func)
+    return p
+
+
 def _load_params(args):
     from . import config
 
@@ -143,9 +147,7 @@ def _load_params(args):
 
 
 def _add_prepare_data(sub) -> None:
-    p = sub.add_parser("prepare-data", help="stdlib corpus splits, tokenizer, calibration set, task prompts")
-    _add_params(p)
-    p.set_defaults(func=_prepare_data)
+    _stage_parser(sub, "prepare-data", "stdlib corpus splits, tokenizer, calibration set, task prompts", _prepare_data)
 
 
 def _prepare_data(args) -> int:
@@ -164,10 +166,9 @@ def _prepare_data(args) -> int:
 def _add_train_model(sub) -> None:
     from .training.train import ROLES
 
-    p = sub.add_parser("train-model", help="train one model of the default family (resumes from a checkpoint)")
-    _add_params(p)
+    p = _stage_parser(sub, "train-model", "train one model of the default family (resumes from a checkpoint)",
+                      _train_model)
     p.add_argument("--role", required=True, choices=ROLES)
-    p.set_defaults(func=_train_model)
 
 
 def _train_model(args) -> int:
@@ -189,8 +190,8 @@ def _train_model(args) -> int:
 def _add_decode(sub) -> None:
     from .policy import METHODS
 
-    p = sub.add_parser("decode", help="decode a task split with the study's trained models; print summed statistics")
-    _add_params(p)
+    p = _stage_parser(sub, "decode", "decode a task split with the study's trained models; print summed statistics",
+                      _decode)
     p.add_argument("--task", required=True)
     p.add_argument("--split", default="test", choices=["dev", "test"])
     p.add_argument("--method", default="sd", choices=METHODS)
@@ -201,7 +202,6 @@ def _add_decode(sub) -> None:
     p.add_argument("--limit", type=int, help="decode only the first N examples")
     p.add_argument("--out", type=Path, help="write one JSON line per example here")
     p.add_argument("--device", default="auto")
-    p.set_defaults(func=_decode)
 
 
 def _decode(args) -> int:
@@ -237,9 +237,7 @@ def _decode(args) -> int:
 
 
 def _add_dimr_search(sub) -> None:
-    p = sub.add_parser("dimr-search", help="search the routing mask of the slim verifier (resumable)")
-    _add_params(p)
-    p.set_defaults(func=_dimr_search)
+    _stage_parser(sub, "dimr-search", "search the routing mask of the slim verifier (resumable)", _dimr_search)
 
 
 def _dimr_search(args) -> int:
@@ -260,10 +258,9 @@ def _dimr_search(args) -> int:
 
 
 def _add_tune_thresholds(sub) -> None:
-    p = sub.add_parser("tune-thresholds", help="tune VIA-SD's tau_accept, tau_slim, gamma and rules on a dev split")
-    _add_params(p)
+    p = _stage_parser(sub, "tune-thresholds", "tune VIA-SD's tau_accept, tau_slim, gamma and rules on a dev split",
+                      _tune_thresholds)
     p.add_argument("--task", help="default: thresholds.task of params.yaml")
-    p.set_defaults(func=_tune_thresholds)
 
 
 def _tune_thresholds(args) -> int:

@@ -80,6 +80,12 @@ class DecodeSession:
             runner("slim" if len(slims) == 1 else f"slim{k}", s.model, s.new_cache) for k, s in enumerate(slims)
         ]
         self.runners = [r for r in (self.draft, *self.slims, self.target) if r is not None]
+        if policy.method == "viasd" and slims:
+            # per slim level, resolved once: (tau_accept, tau_slim) and the tier counters
+            self.tier_thresholds = list(zip(*policy.levels(len(slims))))
+            self.stats.direct_by_level = [0] * len(slims)
+            self.stats.slim_accept_by_level = [0] * len(slims)
+            self.stats.regen_by_level = [0] * len(slims)
         for r in self.runners:
             r.start()
 
@@ -155,9 +161,5 @@ def decode(prompt_ids: Sequence[int], policy: DecodePolicy, target: nn.Module, v
     session = DecodeSession(prompt_ids, policy, target, vocab_size, draft=draft if policy.needs_draft else None,
                             slims=slims if policy.needs_slim else (), tokenizer=tokenizer,
                             eos_token_ids=eos_token_ids)
-    if policy.method == "viasd":
-        session.stats.direct_by_level = [0] * len(slims)
-        session.stats.slim_accept_by_level = [0] * len(slims)
-        session.stats.regen_by_level = [0] * len(slims)
     with torch.inference_mode():
         return session.run(BLOCKS[policy.method])

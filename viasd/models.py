@@ -172,6 +172,13 @@ class ModelSet:
         self.slims.append(verifier)
         return verifier
 
+    def add_independent_from(self, name_or_path, device: str = "auto", dtype: str = "auto",
+                             trust_remote_code: bool = False) -> IndependentVerifier:
+        """Load a separately trained model (directory or hub id) and add it as an intermediate verifier."""
+        model = load_model(name_or_path, device, dtype, trust_remote_code)
+        model.to(next(self.target.parameters()).device)
+        return self.add_independent(model, _optional_tokenizer(name_or_path, trust_remote_code))
+
     def encode(self, prompt: str) -> list[int]:
         if self.tokenizer is None:
             raise PromptError("a text prompt needs a tokenizer; pass token ids instead")
@@ -215,9 +222,7 @@ def load_models(target: str | Path, draft: str | Path | None = None, masks: Sequ
             mask = RoutingMask.from_json(mask, n_layers)
         models.add_mask(mask)
     if independent is not None:
-        model = load_model(independent, device, dtype, trust_remote_code)
-        model.to(next(target_model.parameters()).device)
-        models.add_independent(model, _optional_tokenizer(independent, trust_remote_code))
+        models.add_independent_from(independent, device, dtype, trust_remote_code)
     return models
 
 

@@ -31,14 +31,13 @@ class _Level:
     """One slim verifier's view of the block: probabilities and host-side tier decisions."""
 
     def __init__(self, s, k: int, x: torch.Tensor, p: torch.Tensor, g: int):
-        pol = s.policy
-        taus_accept, taus_slim = pol.levels(len(s.slims))
-        score, confidence = SCORES[pol.score], CONFIDENCES[pol.confidence]
+        tau_accept, tau_slim = s.tier_thresholds[k]
+        score, confidence = SCORES[s.policy.score], CONFIDENCES[s.policy.confidence]
         self.logits = s.slims[k].forward(s.ids, s.length + g, g + 1)  # rows q'_1..q'_g, q'_{g+1}
         self.q = s.sampler.probs(self.logits)
         u = None if s.sampler.greedy else s.sampler.uniform(g, x.device)
-        accept = direct_accept(score, score.fn(self.q[:g], p, x), taus_accept[k], u)
-        confident = confidence.fn(self.q[:g]) >= taus_slim[k]
+        accept = direct_accept(score, score.fn(self.q[:g], p, x), tau_accept, u)
+        confident = confidence.fn(self.q[:g]) >= tau_slim
         self.accept, self.confident = torch.stack((accept, confident)).tolist()  # one host sync
 
     def regenerate(self, s, i: int, p: torch.Tensor) -> torch.Tensor:

@@ -160,10 +160,9 @@ def dimr_search(cost: MaskCost, cfg: DimrConfig, storage: str, study_name: str, 
         trial.set_user_attr("keep_layers", keep)
         trial.set_user_attr("phase", phase)
         trial.set_user_attr("seconds", time.perf_counter() - t0)
-        study.tell(trial, value)
-        done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        done.append(study.tell(trial, value))  # the finished trial, without re-reading the storage
         bar.update(1)
-        bar.set_postfix(best=f"{study.best_value:.4f}")
+        bar.set_postfix(best=f"{min(t.value for t in done):.4f}")
     bar.close()
     trials = [{"number": t.number, "phase": t.user_attrs["phase"], "keep_layers": t.user_attrs["keep_layers"],
                "cost": t.value, "seconds": t.user_attrs["seconds"]} for t in done]

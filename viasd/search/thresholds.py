@@ -94,8 +94,7 @@ def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage: str, study_name:
         for key, value in measured.items():
             trial.set_user_attr(key, value)
         trial.set_constraint("quality_drop", measured["quality_drop"] - cfg.max_quality_drop)  # <= 0: feasible
-        study.tell(trial, measured["cost_per_token"])
-        done = [t for t in study.trials if t.state == complete]
+        done.append(study.tell(trial, measured["cost_per_token"]))  # without re-reading the storage
         bar.update(1)
     bar.close()
     trials = [{"number": t.number, **t.params, **t.user_attrs} for t in done]
