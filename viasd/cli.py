@@ -121,15 +121,21 @@ def _add_params(p) -> None:
     p.add_argument("--no-track", action="store_true", help="do not record the run in MLflow")
 
 
+def _experiment(params) -> str:
+    return f"viasd-{params.study['name']}"
+
+
 def _track(args, params, stage: str, run_name: str, run_params: dict, metrics: dict, tags: dict | None = None,
-           artifacts=(), series=None) -> None:
+           artifacts=(), series=None, inputs: dict | None = None) -> None:
     """Record the stage run in MLflow (after its files are written; a failure only warns)."""
     if args.no_track or metrics.get("up_to_date"):
         return
-    from .tracking import record_run
+    from .tracking import input_hashes, record_run
 
-    record_run(args.params.resolve().parent, f"viasd-{params.family.name}", run_name, run_params, metrics,
-               {"stage": stage, "pair": params.family.name, **(tags or {})}, artifacts, series)
+    tags = {"stage": stage, "pair": params.pair(getattr(args, "pair", None)).name, **(tags or {})}
+    tags.update(input_hashes(inputs or {}))
+    record_run(args.params.resolve().parent, _experiment(params), run_name, run_params, metrics, tags, artifacts,
+               series)
 
 
 def _stage_parser(sub, name: str, help: str, func):
@@ -158,7 +164,7 @@ def _prepare_data(args) -> int:
     manifest = json.loads((out / "manifest.json").read_text())
     _track(args, params, "prepare_data", "prepare_data", {"data": params.raw["data"], "tasks": params.raw["tasks"]},
            {f"tokens_{k}": v for k, v in manifest["tokens"].items()} | {"vocab_size": manifest["vocab_size"]},
-           {"python_version": manifest["python_version"]}, [out / "manifest.json"])
+           {"python_version": manifest["python_version"], "pair": "-"}, [out / "manifest.json"])
     print(out)
     return 0
 
@@ -181,78 +187,170 @@ def _train_model(args) -> int:
            {"arch": vars(params.family.arch(args.role)), "train": vars(params.train), "seed": params.seed},
            {k: report[k] for k in ("parameters", "steps", "train_seconds", "tokens_per_second", "test_nll",
                                    "test_perplexity", "final_loss")},
-           {"role": args.role}, [out / "training.json"], {"train_loss": report["loss_curve"]})
+           {"role": args.role, "pair": params.family.name}, [out / "training.json"],
+           {"train_loss": report["loss_curve"]}, inputs={"data.manifest": params.data.dir / "manifest.json"})
     print(json.dumps({k: report[k] for k in ("role", "parameters", "steps", "train_seconds", "test_nll",
                                              "test_perplexity")}))
     return 0
 
 
-def _add_decode(sub) -> None:
-    from .policy import METHODS
+def _add_pair(p) -> None:
+    p.add_argument("--pair", help="a pair of study.pairs (default: the first)")
 
-    p = _stage_parser(sub, "decode", "decode a task split with the study's trained models; print summed statistics",
-                      _decode)
+
+def _scalars(data: dict) -> dict:
+    return {k: v for k, v in data.items() if not isinstance(v, (dict, list, str))}
+
+
+def _add_decode(sub) -> None:
+    p = _stage_parser(sub, "decode", "decode a task's test prompts with one run of the study grid (vs ar)", _decode)
+    _add_pair(p)
     p.add_argument("--task", required=True)
-    p.add_argument("--split", default="test", choices=["dev", "test"])
-    p.add_argument("--method", default="sd", choices=METHODS)
-    p.add_argument("--gamma", type=int, default=4)
-    p.add_argument("--keep-layers", help="slim verifier layers, e.g. 0,2,4 (viasd, cascade_sd)")
-    p.add_argument("--tau-accept", type=_float, default=1.0)
-    p.add_argument("--tau-slim", type=_float, default=0.5)
+    p.add_argument("--run", required=True, help="a method, or method-ablation, e.g. viasd-mask_random")
     p.add_argument("--limit", type=int, help="decode only the first N examples")
-    p.add_argument("--out", type=Path, help="write one JSON line per example here")
-    p.add_argument("--device", default="auto")
 
 
 def _decode(args) -> int:
-    from .evaluation import decode_examples
-    from .io import write_jsonl
-    from .models import load_models
-    from .policy import DecodePolicy
-    from .routing import RoutingMask, num_decoder_layers
-    from .tasks import get_task, load_examples
+    from .stages.decode_stage import decode_paths, run_decode_stage
+    from .stages.runs import parse_run
 
     params = _load_params(args)
-    spec = get_task(args.task)
-    examples = load_examples(params.data.dir, args.task, args.split)[: args.limit]
-    models = load_models(params.model_dir("target"), draft=params.model_dir("draft") if args.method != "ar" else None,
-                         device=args.device)
-    if args.keep_layers:
-        models.add_mask(RoutingMask.parse(args.keep_layers, num_decoder_layers(models.target)))
-    max_new = params.tasks.get(args.task, {}).get("max_new_tokens", 128)
-    policy = DecodePolicy(method=args.method, gamma=args.gamma, max_new_tokens=max_new, tau_accept=args.tau_accept,
-                          tau_slim=args.tau_slim)
-    rows, stats = decode_examples(models, examples, policy, spec)
+    try:
+        spec = parse_run(args.run)
+    except ValueError as err:
+        raise ViasdError(f"--run {err}") from None
+    pair = params.pair(args.pair)
+    summary = run_decode_stage(params, pair.name, args.task, spec.name, args.limit)
+    paths = decode_paths(params, pair.name, args.task, spec.name)
+    _track(args, params, "decode", f"decode/{pair.name}/{args.task}/{spec.name}",
+           {"policy": summary["policy"], "split": summary["split"], "examples": summary["examples"],
+            "slim": summary["slim"]},
+           _scalars(summary) | {f"passes.{k}": v for k, v in summary["passes"].items()},
+           {"pair": pair.name, "task": args.task, "method": spec.method, "ablation": spec.ablation or "none",
+            "run": spec.name}, [paths["summary"]], inputs=_input_files(params, pair, args.task, spec.name))
+    print(json.dumps({k: summary[k] for k in ("pair", "task", "run", "examples", "new_tokens", "rejection_rate",
+                                              "acceptance_rate", "mean_accepted_length", "speedup_vs_ar")}))
+    return 0
+
+
+def _input_files(params, pair, task: str, run: str | None = None) -> dict:
+    """A stage's inputs, for the `dvc_md5.*` tags of its MLflow run."""
+    from .stages.decode_stage import run_inputs
+
+    files = {"data.manifest": params.data.dir / "manifest.json"}
+    if pair.trained:
+        files.update({f"model.{r}": params.model_dir(r) for r in ("target", "draft")})
+    if run is not None:
+        files.update(run_inputs(params, pair.name, task, run))
+    return files
+
+
+def _add_evaluate(sub) -> None:
+    p = _stage_parser(sub, "evaluate", "the task's quality metrics for one decode output", _evaluate)
+    _add_pair(p)
+    p.add_argument("--task", required=True)
+    p.add_argument("--run", required=True)
+
+
+def _evaluate(args) -> int:
+    from .stages.evaluate_stage import eval_path, run_evaluate_stage
+    from .stages.runs import parse_run
+
+    params = _load_params(args)
+    try:
+        spec = parse_run(args.run)
+    except ValueError as err:
+        raise ViasdError(f"--run {err}") from None
+    pair = params.pair(args.pair)
+    out = run_evaluate_stage(params, pair.name, args.task, spec.name)
+    _track(args, params, "evaluate", f"evaluate/{pair.name}/{args.task}/{spec.name}",
+           {"policy": out["policy"], "split": out["split"], "examples": out["examples"]},
+           _scalars(out) | {f"quality.{k}": v for k, v in out["quality"].items()}
+           | {f"passes.{k}": v for k, v in out["passes"].items()}
+           | {f"accepted_by_tier.{k}": out[k] for k in ("accepted_direct", "accepted_slim", "accepted_full",
+                                                        "regenerated_slim", "rejected_full")},
+           {"pair": pair.name, "task": args.task, "method": spec.method, "ablation": spec.ablation or "none",
+            "run": spec.name}, [eval_path(params, pair.name, args.task, spec.name)])
+    print(json.dumps({"run": spec.name, "quality": out["quality"], "speedup_vs_ar": out["speedup_vs_ar"]}))
+    return 0
+
+
+def _add_report(sub) -> None:
+    _stage_parser(sub, "report", "tables (markdown + CSV) and plots of every evaluated run", _report)
+
+
+def _report(args) -> int:
+    from .stages.report_stage import report_paths, run_report_stage
+
+    params = _load_params(args)
+    out = run_report_stage(params)
+    paths = report_paths(params)
+    _track(args, params, "report", "report", {"study": params.study}, {"tables": out["tables"], "runs": out["runs"]},
+           {}, list(paths.values()))
+    print(paths["summary"])
+    return 0
+
+
+def _add_resolve_params(sub) -> None:
+    p = sub.add_parser("resolve-params", help="write params.yaml merged with --config files (e.g. for dvc repro)")
+    p.add_argument("--params", type=Path, default=Path("params.yaml"))
+    p.add_argument("--config", type=Path, action="append", default=[], metavar="FILE")
+    p.add_argument("-o", "--out", type=Path, help="write here (default: stdout)")
+    p.set_defaults(func=_resolve_params)
+
+
+def _resolve_params(args) -> int:
+    import yaml
+
+    from . import config
+    from .io import write_text
+
+    raw = config.resolve(args.params, args.config)
+    text = "# resolved by `viasd resolve-params`: " + " + ".join(map(str, [args.params, *args.config])) + "\n"
+    text += yaml.safe_dump(raw, sort_keys=False)
     if args.out:
-        write_jsonl(args.out, rows)
-    summary = stats.as_dict()
-    summary.update(task=args.task, split=args.split, examples=len(rows))
-    _track(args, params, "decode", f"decode/{args.task}/{args.method}",
-           {"method": args.method, "gamma": args.gamma, "tau_accept": args.tau_accept, "tau_slim": args.tau_slim,
-            "keep_layers": args.keep_layers, "split": args.split, "examples": len(rows)},
-           {k: v for k, v in summary.items() if not isinstance(v, (dict, list, str))},
-           {"task": args.task, "method": args.method}, [args.out] if args.out else [])
-    print(json.dumps(summary))
+        write_text(args.out, text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _add_tracking_init(sub) -> None:
+    _stage_parser(sub, "tracking-init", "create the MLflow store and the study's experiment (before parallel jobs)",
+                  _tracking_init)
+
+
+def _tracking_init(args) -> int:
+    from .tracking import init_store
+
+    params = _load_params(args)
+    if not args.no_track:
+        print(init_store(args.params.resolve().parent, _experiment(params)))
     return 0
 
 
 def _add_dimr_search(sub) -> None:
-    _stage_parser(sub, "dimr-search", "search the routing mask of the slim verifier (resumable)", _dimr_search)
+    p = _stage_parser(sub, "dimr-search", "search the routing mask of the slim verifier (resumable)", _dimr_search)
+    _add_pair(p)
+    p.add_argument("--cost", choices=["path", "target"], help="cost function (default: dimr.cost); another one "
+                   "writes the cost ablation's mask <pair>.cost-<fn>.json")
 
 
 def _dimr_search(args) -> int:
     from .stages.dimr_stage import mask_paths, run_dimr_stage
 
     params = _load_params(args)
-    out = run_dimr_stage(params)
-    paths = mask_paths(params)
+    pair = params.pair(args.pair)
+    out = run_dimr_stage(params, pair=pair, **({"cost": args.cost} if args.cost else {}))
+    paths = mask_paths(params, pair.name, out["cost_fn"])
     trace = [json.loads(line) for line in paths["trace"].read_text().splitlines()]
-    _track(args, params, "dimr_search", "dimr_search", out["config"],
+    _track(args, params, "dimr_search", f"dimr_search/{pair.name}/{out['cost_fn']}", out["config"],
            {"up_to_date": out.get("up_to_date", False)} | {k: out[k] for k in ("cost", "best_random_cost", "trials", "search_seconds", "reference_seconds",
                                 "forward_passes", "budget_layers")},
            {"keep_layers": ",".join(map(str, out["keep_layers"])), "cost_fn": out["cost_fn"]},
-           [paths[k] for k in ("mask", "trace", "curve", "layers", "random", "truncate", "every_other")],
-           {"trial_cost": [t["cost"] for t in sorted(trace, key=lambda t: t["number"])]})
+           [p for k, p in paths.items() if k != "storage"],
+           {"trial_cost": [t["cost"] for t in sorted(trace, key=lambda t: t["number"])]},
+           inputs=_input_files(params, pair, "") | {"data.calibration": params.data.dir / "calibration.parquet"})
     print(json.dumps({k: out[k] for k in ("keep_layers", "cost", "best_random_cost", "trials", "search_seconds")}))
     return 0
 
@@ -260,23 +358,29 @@ def _dimr_search(args) -> int:
 def _add_tune_thresholds(sub) -> None:
     p = _stage_parser(sub, "tune-thresholds", "tune VIA-SD's tau_accept, tau_slim, gamma and rules on a dev split",
                       _tune_thresholds)
+    _add_pair(p)
     p.add_argument("--task", help="default: thresholds.task of params.yaml")
 
 
 def _tune_thresholds(args) -> int:
+    from .stages.dimr_stage import mask_paths
     from .stages.thresholds_stage import run_thresholds_stage, threshold_paths
 
     params = _load_params(args)
-    out = run_thresholds_stage(params, args.task)
-    paths = threshold_paths(params, out["task"])
+    pair = params.pair(args.pair)
+    out = run_thresholds_stage(params, args.task, pair=pair)
+    paths = threshold_paths(params, out["task"], pair.name)
     trace = sorted((json.loads(line) for line in paths["trace"].read_text().splitlines()), key=lambda t: t["number"])
-    _track(args, params, "tune_thresholds", f"tune_thresholds/{out['task']}",
+    _track(args, params, "tune_thresholds", f"tune_thresholds/{pair.name}/{out['task']}",
            {k: out[k] for k in ("gamma", "tau_accept", "tau_slim", "score", "confidence", "max_quality_drop")}
            | {"search": out["signature"]["config"]},
            {**out["dev"], "cost_vs_sd": out["cost_vs_sd"], "trials": out["trials"],
             "up_to_date": out.get("up_to_date", False)}, {"task": out["task"]}, [paths["json"], paths["plot"]],
            {"trial_cost_per_token": [t["cost_per_token"] for t in trace],
-            "trial_quality_drop": [t["quality_drop"] for t in trace]})
+            "trial_quality_drop": [t["quality_drop"] for t in trace]},
+           inputs=_input_files(params, pair, out["task"]) | {"mask": mask_paths(params, pair.name)["mask"],
+                                                             "data.dev": params.data.dir / "tasks" / out["task"] /
+                                                             "dev.jsonl"})
     print(json.dumps({k: out[k] for k in ("gamma", "tau_accept", "tau_slim", "score", "confidence", "dev",
                                           "cost_vs_sd")}))
     return 0
@@ -292,6 +396,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decode(sub)
     _add_dimr_search(sub)
     _add_tune_thresholds(sub)
+    _add_evaluate(sub)
+    _add_report(sub)
+    _add_resolve_params(sub)
+    _add_tracking_init(sub)
     return parser
 
 

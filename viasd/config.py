@@ -16,6 +16,8 @@ import yaml
 from .errors import ViasdError
 
 SCHEMA = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "params.schema.yaml"
+RUN_ABLATIONS = ("mask_random", "mask_truncate", "mask_every_other", "independent", "no_tier2", "cost_path",
+                 "cost_target")  # plus gamma_<n>; see viasd.stages.runs
 KNOWN_TASKS = ("stdlib_continuation", "humaneval", "cnn_dailymail", "xsum", "wmt14_de_en", "gsm8k",
                "natural_questions", "openai_humaneval")
 
@@ -81,6 +83,31 @@ def _check_semantics(raw: dict, source: str) -> None:
     for task in raw["tasks"]:
         if task not in KNOWN_TASKS:
             raise ConfigError(f"{source}: tasks.{task}: unknown task; known tasks: {', '.join(KNOWN_TASKS)}")
+    hub = models.get("hub_pairs") or {}
+    clash = set(hub) & set(models["families"])
+    if clash:
+        raise ConfigError(f"{source}: models.hub_pairs.{sorted(clash)[0]}: the name is also a family in models.families")
+    study = raw["study"]
+    pairs = [models["family"], *hub]
+    for i, pair in enumerate(study["pairs"]):
+        if pair not in pairs:
+            raise ConfigError(f"{source}: study.pairs.{i}: {pair!r} is neither models.family nor one of models.hub_pairs"
+                              f" ({', '.join(pairs)})")
+    for i, task in enumerate(study["tasks"]):
+        if task not in raw["tasks"]:
+            raise ConfigError(f"{source}: study.tasks.{i}: {task!r} has no entry under tasks")
+    from .stages.runs import parse_run
+
+    for i, run in enumerate(study["runs"]):
+        try:
+            spec = parse_run(run)
+        except ValueError as err:
+            raise ConfigError(f"{source}: study.runs.{i}: {err}") from None
+        if spec.ablation == "independent":
+            for pair in study["pairs"]:
+                if pair in hub and not hub[pair].get("independent"):
+                    raise ConfigError(f"{source}: study.runs.{i}: {run!r} needs an independent model, and "
+                                      f"models.hub_pairs.{pair}.independent is not set")
 
 
 @dataclass(frozen=True)
@@ -106,6 +133,19 @@ class Family:
 
     def arch(self, role: str) -> ModelArch:
         return getattr(self, role)
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A draft/target pair of the study: the trained family (`trained`) or two hub models / local dirs."""
+
+    name: str
+    target: str
+    draft: str
+    independent: str | None
+    trained: bool
+    dtype: str = "auto"
+    trust_remote_code: bool = False
 
 
 @dataclass(frozen=True)
@@ -144,6 +184,34 @@ class Params:
     def model_dir(self, role: str) -> Path:
         return self.models_dir / self.family.name / role
 
+    @property
+    def reports_dir(self) -> Path:
+        """`study.reports` (default `reports/`) beside params.yaml: decode and evaluation outputs, tables, plots."""
+        return self.models_dir.parent / self.raw["study"].get("reports", "reports")
+
+    @property
+    def study(self) -> dict:
+        return self.raw["study"]
+
+    @property
+    def device(self) -> str:
+        return self.raw["models"].get("device", "auto")
+
+    def pair(self, name: str | None = None) -> Pair:
+        """The named pair (default: the study's first). Hub pairs keep their ids; the trained family's
+        models live in `models/<family>/<role>`."""
+        name = name or self.study["pairs"][0]
+        if name == self.family.name:
+            return Pair(name, str(self.model_dir("target")), str(self.model_dir("draft")),
+                        str(self.model_dir("independent")), trained=True)
+        hub = self.raw["models"].get("hub_pairs") or {}
+        if name not in hub:
+            known = ", ".join([self.family.name, *hub])
+            raise ConfigError(f"unknown pair {name!r}; the pairs are models.family and models.hub_pairs: {known}")
+        spec = hub[name]
+        return Pair(name, spec["target"], spec["draft"], spec.get("independent"), trained=False,
+                    dtype=spec.get("dtype", "auto"), trust_remote_code=spec.get("trust_remote_code", False))
+
 
 def parse(raw: dict, root: Path = Path(".")) -> Params:
     data = raw["data"]
@@ -164,9 +232,8 @@ def parse(raw: dict, root: Path = Path(".")) -> Params:
     )
 
 
-def load(path: str | Path = "params.yaml", overrides: list[str | Path] = ()) -> Params:
-    """Read `path`, merge each override file over it, validate, parse. Paths in it are relative to
-    the directory of `path`."""
+def resolve(path: str | Path = "params.yaml", overrides: list[str | Path] = ()) -> dict:
+    """The validated parameters of `path` with each override file merged over it (a plain dict)."""
     path = Path(path)
     raw = _read_yaml(path)
     source = path.name
@@ -174,4 +241,10 @@ def load(path: str | Path = "params.yaml", overrides: list[str | Path] = ()) -> 
         raw = deep_merge(raw, _read_yaml(Path(extra)))
         source += f" + {Path(extra).name}"
     validate(raw, source)
-    return parse(raw, path.parent)
+    return raw
+
+
+def load(path: str | Path = "params.yaml", overrides: list[str | Path] = ()) -> Params:
+    """Read `path`, merge each override file over it, validate, parse. Paths in it are relative to
+    the directory of `path`."""
+    return parse(resolve(path, overrides), Path(path).parent)

@@ -32,3 +32,74 @@ def decode_examples(models: ModelSet, examples: list[Example], policy: DecodePol
                      "stats": result.stats.as_dict()})
         parts.append(result.stats)
     return rows, DecodeStats.merge(parts)
+
+
+def decode_against_ar(models: ModelSet, examples: list[Example], policy: DecodePolicy, task: TaskSpec | None = None,
+                      progress: bool = True, warmup_tokens: int = 8) -> tuple[list[dict], DecodeStats, DecodeStats]:
+    """Decode every example with `policy` and with greedy `ar` on the same target, side by side.
+
+    The two alternate which goes first from one example to the next so that both see the same machine
+    state, after a short warm-up of each. Rows carry the method's output plus the `ar` tokens (the
+    target's own greedy output, the reference for agreement) and both wall times. Returns
+    (rows, merged method statistics, merged `ar` statistics).
+    """
+    from tqdm.auto import tqdm
+
+    stops = tuple(dict.fromkeys(policy.stop_strings + (task.stop_strings if task else ())))
+    policy = replace(policy, stop_strings=stops)
+    reference = DecodePolicy(method="ar", max_new_tokens=policy.max_new_tokens, stop_strings=stops,
+                             eos_token_ids=policy.eos_token_ids)
+    prompts = [e.prompt_ids if e.prompt_ids is not None else models.encode(e.prompt) for e in examples]
+    if prompts and warmup_tokens:
+        for warm in (reference, policy):
+            models.generate(prompts[0], replace(warm, max_new_tokens=min(warmup_tokens, warm.max_new_tokens)))
+    rows, parts, ar_parts = [], [], []
+    for i, (example, prompt) in enumerate(tqdm(list(zip(examples, prompts)), desc=f"decode {policy.method} vs ar",
+                                               disable=not progress, leave=False)):
+        order = (reference, policy) if i % 2 == 0 else (policy, reference)
+        results = {id(p): models.generate(prompt, p) for p in order}
+        ours, ar = results[id(policy)], results[id(reference)]
+        rows.append({"id": example.id, "token_ids": ours.token_ids, "text": ours.text, "stats": ours.stats.as_dict(),
+                     "ar_token_ids": ar.token_ids, "ar_wall_time_s": ar.stats.wall_time_s})
+        parts.append(ours.stats)
+        ar_parts.append(ar.stats)
+    return rows, DecodeStats.merge(parts), DecodeStats.merge(ar_parts)
+
+
+def task_quality(task: TaskSpec, examples: list[Example], rows: list[dict], models: ModelSet | None = None) -> dict:
+    """The task's quality metrics for decoded `rows` (aligned with `examples`).
+
+    `agreement` is position-wise agreement with the target's greedy output (`ar_token_ids`, else the
+    row's own tokens for `ar` itself); `nll` is the target's mean negative log-likelihood of the
+    output (nats/token, needs `models`); `pass_at_1` runs the HumanEval tests in a sandboxed process;
+    the rest are text metrics from `viasd.metrics`.
+    """
+    from .metrics.execution import pass_at_1
+    from .metrics.model_metrics import agreement, target_nll
+    from .metrics.text_metrics import compute
+
+    texts = [row["text"] or "" for row in rows]
+    out: dict = {}
+    for name in task.metrics:
+        if name == "agreement":
+            scores = [agreement(r["token_ids"], r.get("ar_token_ids", r["token_ids"])) for r in rows]
+            out["agreement"] = sum(scores) / max(len(scores), 1)
+        elif name == "nll":
+            if models is None:
+                continue
+            total = count = 0.0
+            for example, row in zip(examples, rows):
+                prompt = example.prompt_ids if example.prompt_ids is not None else models.encode(example.prompt)
+                nll = target_nll(models.target, prompt, row["token_ids"], models.vocab_size)
+                if nll is not None:
+                    total += nll * len(row["token_ids"])
+                    count += len(row["token_ids"])
+            out["nll"] = total / count if count else None
+        elif name == "pass_at_1":
+            out["pass_at_1"] = pass_at_1(examples, texts, task.stop_strings)["pass_at_1"]
+        elif name == "exact_match":
+            refs = [e.extra.get("answers", [e.reference]) for e in examples]
+            out.update(compute(name, texts, refs))
+        else:
+            out.update(compute(name, texts, [e.reference for e in examples]))
+    return out

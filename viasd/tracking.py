@@ -8,6 +8,8 @@ database under parallel jobs) are retried.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import subprocess
@@ -28,6 +30,47 @@ def git_commit(root: Path) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
+
+
+def file_md5(path: Path) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def dvc_md5(path: Path) -> str | None:
+    """The hash DVC 3 records for `path` in dvc.lock: md5 of a file's bytes; for a directory, md5 of
+    the JSON list of its files' {md5, relpath} sorted by relpath, plus `.dir`."""
+    path = Path(path)
+    if path.is_file():
+        return file_md5(path)
+    if not path.is_dir():
+        return None
+    entries = sorted(({"md5": file_md5(f), "relpath": f.relative_to(path).as_posix()}
+                      for f in path.rglob("*") if f.is_file()), key=lambda e: e["relpath"])
+    return hashlib.md5(json.dumps(entries, sort_keys=True).encode("utf-8")).hexdigest() + ".dir"
+
+
+def input_hashes(inputs: dict[str, Path]) -> dict[str, str]:
+    """`dvc_md5.<name>` tags for a stage's inputs (those that exist)."""
+    tags = {}
+    for name, path in inputs.items():
+        value = dvc_md5(path)
+        if value is not None:
+            tags[f"dvc_md5.{name}"] = value
+    return tags
+
+
+def init_store(root: Path, experiment: str) -> str:
+    """Create the store's schema and the study's experiment once, before parallel jobs log to it."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri(root))
+    found = client.get_experiment_by_name(experiment)
+    exp_id = found.experiment_id if found else _create_experiment(client, experiment)
+    return f"{tracking_uri(root)} experiment {experiment} ({exp_id})"
 
 
 def _flatten(data: dict, prefix: str = "") -> dict:

@@ -3,19 +3,21 @@
 Outputs (under `models/masks/` and `reports/dimr/`, named by the pair):
   <pair>.json               the mask the engine loads: keep_layers, cost, budget, seed, trials, times
   <pair>.trace.jsonl        every trial: number, phase, kept layers, cost, seconds
-  <pair>.optuna.db          the Optuna study (resumable)
+  <pair>.optuna.db          the Optuna study (resumable; one study per parameter set)
   <pair>-<baseline>.json    random / truncate / every_other masks of the same budget, with their cost
   reports/dimr/<pair>-search.png, <pair>-layers.png
+With a cost function other than `dimr.cost` (the cost ablation) every name above gets the suffix
+`.cost-<fn>` and no baselines are written.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import asdict
-from pathlib import Path
 
-from ..config import Params
+from ..config import Pair, Params
 from ..io import write_json, write_jsonl
 from ..search.calibration import load_calibration
 from ..search.dimr import DimrConfig, MaskCost, baseline_mask, dimr_search, result_json
@@ -29,36 +31,49 @@ def dimr_config(params: Params, **overrides) -> DimrConfig:
     return DimrConfig(seed=params.seed, **{**section, **overrides})
 
 
-def mask_paths(params: Params, pair: str | None = None) -> dict:
-    pair = pair or params.family.name
+def mask_paths(params: Params, pair: str | None = None, cost: str | None = None) -> dict:
+    """Output paths of the pair's search; `cost` other than `dimr.cost` names the cost-ablation search."""
+    pair = pair or params.pair().name
+    stem = pair if cost in (None, params.raw.get("dimr", {}).get("cost", "path")) else f"{pair}.cost-{cost}"
     masks = params.models_dir / "masks"
-    reports = params.models_dir.parent / "reports" / "dimr"
-    return {"mask": masks / f"{pair}.json", "trace": masks / f"{pair}.trace.jsonl",
-            "storage": masks / f"{pair}.optuna.db", "curve": reports / f"{pair}-search.png",
-            "layers": reports / f"{pair}-layers.png",
-            **{b: masks / f"{pair}-{b}.json" for b in ("random", "truncate", "every_other")}}
+    reports = params.reports_dir / "dimr"
+    return {"mask": masks / f"{stem}.json", "trace": masks / f"{stem}.trace.jsonl",
+            "storage": masks / f"{stem}.optuna.db", "curve": reports / f"{stem}-search.png",
+            "layers": reports / f"{stem}-layers.png",
+            **{b: masks / f"{stem}-{b}.json" for b in ("random", "truncate", "every_other")}}
 
 
-def run_dimr_stage(params: Params, progress: bool = True, **overrides) -> dict:
+def study_name(prefix: str, config: dict) -> str:
+    """One Optuna study per parameter set: a changed parameter starts afresh, the same one resumes."""
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{prefix}-{digest}"
+
+
+def run_dimr_stage(params: Params, progress: bool = True, pair: Pair | None = None, **overrides) -> dict:
     """Search (or continue, or skip when already done with these parameters); returns the mask JSON."""
     from ..models import load_models
 
+    pair = pair or params.pair()
     cfg = dimr_config(params, **overrides)
     cfg.check()
-    paths = mask_paths(params)
+    main = cfg.cost == params.raw.get("dimr", {}).get("cost", "path")
+    baselines = _baselines(params) if main else []
+    paths = mask_paths(params, pair.name, cfg.cost)
     if paths["mask"].exists():
         previous = json.loads(paths["mask"].read_text())
-        if previous.get("config") == asdict(cfg) and all(paths[b].exists() for b in _baselines(params)):
+        if previous.get("config") == asdict(cfg) and all(paths[b].exists() for b in baselines):
             log.info("DIMR mask %s is up to date; nothing to do", paths["mask"])
             return {**previous, "up_to_date": True}
     calibration = load_calibration(params.data.dir / "calibration.parquet")
-    models = load_models(params.model_dir("target"), draft=params.model_dir("draft"), device="auto")
+    models = load_models(pair.target, draft=pair.draft, device=params.device, dtype=pair.dtype,
+                         trust_remote_code=pair.trust_remote_code)
     cfg.budget(models.target.config.num_hidden_layers)  # fail early on an impossible budget
     cost = MaskCost(models.target, models.draft, calibration, models.vocab_size, cfg.cost, cfg.batch_size)
     paths["storage"].parent.mkdir(parents=True, exist_ok=True)
-    result = dimr_search(cost, cfg, f"sqlite:///{paths['storage']}", f"dimr-{params.family.name}", progress)
-    out = result_json(result, cfg, target=str(params.model_dir("target")), draft=str(params.model_dir("draft")))
-    for name in _baselines(params):
+    result = dimr_search(cost, cfg, f"sqlite:///{paths['storage']}", study_name(f"dimr-{pair.name}", asdict(cfg)),
+                         progress)
+    out = result_json(result, cfg, pair=pair.name, target=pair.target, draft=pair.draft)
+    for name in baselines:
         mask = baseline_mask(name, result.num_layers, result.budget_layers, cfg.seed)
         write_json(paths[name], {"keep_layers": list(mask.keep_layers), "cost": cost(mask), "cost_fn": cfg.cost,
                                  "num_layers": result.num_layers, "budget_layers": result.budget_layers,

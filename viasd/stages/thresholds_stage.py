@@ -11,12 +11,12 @@ import json
 import logging
 from dataclasses import asdict
 
-from ..config import Params
+from ..config import Pair, Params
 from ..io import write_json, write_jsonl
 from ..search.plots import speed_quality
 from ..search.thresholds import DevSet, ThresholdConfig, tune_thresholds
 from ..tasks import get_task, load_examples
-from .dimr_stage import mask_paths
+from .dimr_stage import mask_paths, study_name
 
 log = logging.getLogger(__name__)
 
@@ -27,41 +27,44 @@ def threshold_config(params: Params) -> ThresholdConfig:
     return ThresholdConfig(seed=params.seed, **section)
 
 
-def threshold_paths(params: Params, task: str) -> dict:
-    name = f"{params.family.name}-{task}"
+def threshold_paths(params: Params, task: str, pair: str | None = None) -> dict:
+    name = f"{pair or params.pair().name}-{task}"
     base = params.models_dir / "thresholds"
     return {"json": base / f"{name}.json", "trace": base / f"{name}.trace.jsonl",
             "storage": base / f"{name}.optuna.db",
-            "plot": params.models_dir.parent / "reports" / "thresholds" / f"{name}.png"}
+            "plot": params.reports_dir / "thresholds" / f"{name}.png"}
 
 
-def run_thresholds_stage(params: Params, task: str | None = None, progress: bool = True) -> dict:
+def run_thresholds_stage(params: Params, task: str | None = None, progress: bool = True,
+                         pair: Pair | None = None) -> dict:
     from ..models import load_models
     from ..routing import RoutingMask
 
+    pair = pair or params.pair()
     section = params.raw.get("thresholds", {})
     task = task or section.get("task", "stdlib_continuation")
     cfg = threshold_config(params)
-    paths = threshold_paths(params, task)
-    mask_file = mask_paths(params)["mask"]
+    paths = threshold_paths(params, task, pair.name)
+    mask_file = mask_paths(params, pair.name)["mask"]
     signature = {"config": asdict(cfg), "task": task, "dev_prompts": section.get("dev_prompts"),
                  "mask": json.loads(mask_file.read_text())["keep_layers"] if mask_file.exists() else None}
     signature = json.loads(json.dumps(signature))  # as it reads back from the file
     if paths["json"].exists() and json.loads(paths["json"].read_text()).get("signature") == signature:
         log.info("thresholds %s are up to date; nothing to do", paths["json"])
         return {**json.loads(paths["json"].read_text()), "up_to_date": True}
-    models = load_models(params.model_dir("target"), draft=params.model_dir("draft"), device="auto")
+    models = load_models(pair.target, draft=pair.draft, device=params.device, dtype=pair.dtype,
+                         trust_remote_code=pair.trust_remote_code)
     models.add_mask(RoutingMask.from_json(mask_file, models.target.config.num_hidden_layers))
     examples = load_examples(params.data.dir, task, "dev")[: section.get("dev_prompts")]
     max_new = params.tasks.get(task, {}).get("max_new_tokens", 128)
     dev = DevSet(models, examples, max_new, get_task(task).stop_strings)
     paths["storage"].parent.mkdir(parents=True, exist_ok=True)
-    out = tune_thresholds(dev, cfg, f"sqlite:///{paths['storage']}", f"thresholds-{params.family.name}-{task}",
+    out = tune_thresholds(dev, cfg, f"sqlite:///{paths['storage']}", study_name(f"thresholds-{pair.name}-{task}", signature),
                           progress)
     best = out["best"]
     result = {
         "gamma": best["gamma"], "tau_accept": best["tau_accept"], "tau_slim": best["tau_slim"],
-        "score": best["score"], "confidence": best["confidence"], "task": task, "pair": params.family.name,
+        "score": best["score"], "confidence": best["confidence"], "task": task, "pair": pair.name,
         "mask": signature["mask"], "dev": {k: best[k] for k in ("cost_per_token", "wall_per_token", "agreement",
                                                                 "quality_drop", "rejection_rate", "acceptance_rate",
                                                                 "block_escalation_rate", "speedup_model_vs_ar")},
@@ -73,6 +76,6 @@ def run_thresholds_stage(params: Params, task: str | None = None, progress: bool
     }
     write_jsonl(paths["trace"], out["trials"])
     speed_quality(out["trials"], best, cfg.max_quality_drop, paths["plot"],
-                  f"VIA-SD thresholds, {params.family.name} on {task} (dev)")
+                  f"VIA-SD thresholds, {pair.name} on {task} (dev)")
     write_json(paths["json"], result)
     return result

@@ -1,0 +1,76 @@
+"""The decode grid's runs: a method, optionally with one ablation (DESIGN.md §2.5), as `method` or
+`method-ablation` (the name used in file names, Snakemake wildcards and DVC matrix keys).
+
+Ablations:
+  mask_random / mask_truncate / mask_every_other   the slim verifier routed by a baseline mask
+  cost_path / cost_target                           the DIMR mask searched with that cost function
+  independent                                       a separately trained model in the slim's place
+  no_tier2                                          VIA-SD without tier 2 (tau_slim = inf)
+  gamma_<n>                                         draft block length n instead of the tuned/default one
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..policy import METHODS
+
+ROUTED = ("cascade_sd", "viasd")  # methods with a slim verifier
+_GAMMA = re.compile(r"gamma_([1-9][0-9]*)$")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    method: str
+    ablation: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.method if self.ablation is None else f"{self.method}-{self.ablation}"
+
+    @property
+    def routed(self) -> bool:
+        return self.method in ROUTED
+
+    @property
+    def mask_kind(self) -> str | None:
+        """`main`, a baseline name, `cost_<fn>`, or None (no routed slim: the independent model or no slim)."""
+        if not self.routed or self.ablation == "independent":
+            return None
+        if self.ablation and self.ablation.startswith("mask_"):
+            return self.ablation[len("mask_"):]
+        if self.ablation and self.ablation.startswith("cost_"):
+            return self.ablation
+        return "main"
+
+    @property
+    def gamma(self) -> int | None:
+        match = _GAMMA.match(self.ablation or "")
+        return int(match.group(1)) if match else None
+
+
+def parse_run(text: str) -> RunSpec:
+    """`viasd-mask_random` -> RunSpec("viasd", "mask_random"); a ValueError says what is wrong."""
+    method, _, ablation = str(text).partition("-")
+    if method not in METHODS:
+        raise ValueError(f"{text!r}: unknown method {method!r}; methods: {', '.join(METHODS)}")
+    if not ablation:
+        return RunSpec(method)
+    spec = RunSpec(method, ablation)
+    if spec.gamma is not None:
+        if method == "ar":
+            raise ValueError(f"{text!r}: ar has no draft block length")
+        return spec
+    routed_only = ("mask_random", "mask_truncate", "mask_every_other", "cost_path", "cost_target", "independent")
+    if ablation in routed_only:
+        if method not in ROUTED:
+            raise ValueError(f"{text!r}: {ablation} changes the slim verifier, which only "
+                             f"{' and '.join(ROUTED)} have")
+        return spec
+    if ablation == "no_tier2":
+        if method != "viasd":
+            raise ValueError(f"{text!r}: no_tier2 is a VIA-SD ablation")
+        return spec
+    raise ValueError(f"{text!r}: unknown ablation {ablation!r}; ablations: {', '.join(routed_only)}, no_tier2, "
+                     "gamma_<n>")

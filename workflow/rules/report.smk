@@ -1,0 +1,27 @@
+rule report:
+    """Tables (markdown + CSV) per pair x task, the speed-quality frontier and per-tier plots."""
+    input:
+        evals=eval_files(),
+        dimr=expand(f"{REPORTS}/dimr/{{pair}}-{{plot}}.png", pair=STUDY["pairs"], plot=["search", "layers"]),
+    output:
+        summary=report(f"{REPORTS}/summary.md", category="Summary"),
+        tables=expand(f"{REPORTS}/tables/{{pair}}-{{task}}.{{ext}}", pair=STUDY["pairs"], task=STUDY["tasks"], ext=["md", "csv"]),
+        frontier=report(
+            expand(f"{REPORTS}/plots/{{pair}}-{{task}}-frontier.png", pair=STUDY["pairs"], task=STUDY["tasks"]),
+            category="Speed vs quality",
+        ),
+        tiers=report(
+            expand(f"{REPORTS}/plots/{{pair}}-{{task}}-tiers.png", pair=STUDY["pairs"], task=STUDY["tasks"]),
+            category="Tier breakdown",
+        ),
+    params:
+        viasd=VIASD_ARGS,
+        study=STUDY,
+    log:
+        "logs/report.log",
+    benchmark:
+        "benchmarks/report.tsv"
+    conda:
+        "../envs/viasd.yaml"
+    shell:
+        "viasd report {params.viasd} > {log} 2>&1"

@@ -1,0 +1,25 @@
+rule train_model:
+    """One model of the embedded default family (hub pairs skip this); resumes from its checkpoint."""
+    input:
+        DATA,
+        teacher=lambda w: pair_models(FAMILY, ["target"]) if w.role == "draft" else [],
+    output:
+        directory(f"{MODELS}/{FAMILY}/{{role}}"),
+    params:
+        viasd=VIASD_ARGS,
+        seed=config["seed"],
+        arch=lambda w: config["models"]["families"][FAMILY][w.role],
+        context=config["models"]["families"][FAMILY]["context"],
+        train=config["train"],
+    threads: 4
+    resources:
+        mem_mb=8000,
+        runtime=240,
+    log:
+        "logs/train_model/{role}.log",
+    benchmark:
+        "benchmarks/train_model/{role}.tsv"
+    conda:
+        "../envs/viasd.yaml"
+    shell:
+        "OMP_NUM_THREADS={threads} viasd train-model {params.viasd} --role {wildcards.role} > {log} 2>&1"
