@@ -332,16 +332,24 @@ def _tracking_init(args) -> int:
 def _add_dimr_search(sub) -> None:
     p = _stage_parser(sub, "dimr-search", "search the routing mask of the slim verifier (resumable)", _dimr_search)
     _add_pair(p)
-    p.add_argument("--cost", choices=["path", "target"], help="cost function (default: dimr.cost); another one "
-                   "writes the cost ablation's mask <pair>.cost-<fn>.json")
+    p.add_argument("--cost", choices=["path", "target"], help="search only with this cost function (default: "
+                   "dimr.cost and any other a cost_<fn> run of study.runs needs, saved as cost-<fn>.json)")
 
 
 def _dimr_search(args) -> int:
-    from .stages.dimr_stage import mask_paths, run_dimr_stage
+    from .stages.dimr_stage import grid_costs
 
     params = _load_params(args)
     pair = params.pair(args.pair)
-    out = run_dimr_stage(params, pair=pair, **({"cost": args.cost} if args.cost else {}))
+    for cost in [args.cost] if args.cost else grid_costs(params):
+        _dimr_search_one(args, params, pair, cost)
+    return 0
+
+
+def _dimr_search_one(args, params, pair, cost: str) -> None:
+    from .stages.dimr_stage import mask_paths, run_dimr_stage
+
+    out = run_dimr_stage(params, pair=pair, cost=cost)
     paths = mask_paths(params, pair.name, out["cost_fn"])
     trace = [json.loads(line) for line in paths["trace"].read_text().splitlines()]
     _track(args, params, "dimr_search", f"dimr_search/{pair.name}/{out['cost_fn']}", out["config"],
@@ -351,8 +359,8 @@ def _dimr_search(args) -> int:
            [p for k, p in paths.items() if k != "storage"],
            {"trial_cost": [t["cost"] for t in sorted(trace, key=lambda t: t["number"])]},
            inputs=_input_files(params, pair, "") | {"data.calibration": params.data.dir / "calibration.parquet"})
-    print(json.dumps({k: out[k] for k in ("keep_layers", "cost", "best_random_cost", "trials", "search_seconds")}))
-    return 0
+    print(json.dumps({k: out[k] for k in ("cost_fn", "keep_layers", "cost", "best_random_cost", "trials",
+                                          "search_seconds")}))
 
 
 def _add_tune_thresholds(sub) -> None:

@@ -1,13 +1,13 @@
-"""`viasd dimr-search`: the DIMR mask of the configured pair, the baseline masks, trace and plots.
+"""`viasd dimr-search`: the DIMR mask of a pair, the baseline masks, trace and plots.
 
-Outputs (under `models/masks/` and `reports/dimr/`, named by the pair):
-  <pair>.json               the mask the engine loads: keep_layers, cost, budget, seed, trials, times
-  <pair>.trace.jsonl        every trial: number, phase, kept layers, cost, seconds
-  <pair>.optuna.db          the Optuna study (resumable; one study per parameter set)
-  <pair>-<baseline>.json    random / truncate / every_other masks of the same budget, with their cost
-  reports/dimr/<pair>-search.png, <pair>-layers.png
-With a cost function other than `dimr.cost` (the cost ablation) every name above gets the suffix
-`.cost-<fn>` and no baselines are written.
+Outputs (one directory per pair, so that a workflow declares one output):
+  models/masks/<pair>/mask.json          the mask the engine loads: keep_layers, cost, budget, seed, trials, times
+  models/masks/<pair>/trace.jsonl        every trial: number, phase, kept layers, cost, seconds
+  models/masks/<pair>/<baseline>.json    random / truncate / every_other masks of the same budget, with their cost
+  models/masks/<pair>/cost-<fn>.json     the cost ablation: the search with the other cost function (+ .trace.jsonl)
+  reports/dimr/<pair>/search.png, layers.png (and cost-<fn>-search.png, cost-<fn>-layers.png)
+  models/optuna/dimr-<pair>.db           the Optuna studies (resumable; one study per parameter set). Kept
+                                         outside the output directory, which workflows delete before a rerun.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 from dataclasses import asdict
+from pathlib import Path
 
 from ..config import Pair, Params
 from ..io import write_json, write_jsonl
@@ -31,16 +32,41 @@ def dimr_config(params: Params, **overrides) -> DimrConfig:
     return DimrConfig(seed=params.seed, **{**section, **overrides})
 
 
+def main_cost(params: Params) -> str:
+    return params.raw.get("dimr", {}).get("cost", "path")
+
+
+def mask_dir(params: Params, pair: str) -> Path:
+    return params.models_dir / "masks" / pair
+
+
+def plot_dir(params: Params, pair: str) -> Path:
+    return params.reports_dir / "dimr" / pair
+
+
 def mask_paths(params: Params, pair: str | None = None, cost: str | None = None) -> dict:
     """Output paths of the pair's search; `cost` other than `dimr.cost` names the cost-ablation search."""
     pair = pair or params.pair().name
-    stem = pair if cost in (None, params.raw.get("dimr", {}).get("cost", "path")) else f"{pair}.cost-{cost}"
-    masks = params.models_dir / "masks"
-    reports = params.reports_dir / "dimr"
-    return {"mask": masks / f"{stem}.json", "trace": masks / f"{stem}.trace.jsonl",
-            "storage": masks / f"{stem}.optuna.db", "curve": reports / f"{stem}-search.png",
-            "layers": reports / f"{stem}-layers.png",
-            **{b: masks / f"{stem}-{b}.json" for b in ("random", "truncate", "every_other")}}
+    masks, plots = mask_dir(params, pair), plot_dir(params, pair)
+    if cost in (None, main_cost(params)):
+        return {"mask": masks / "mask.json", "trace": masks / "trace.jsonl", "curve": plots / "search.png",
+                "layers": plots / "layers.png", "storage": params.models_dir / "optuna" / f"dimr-{pair}.db",
+                **{b: masks / f"{b}.json" for b in ("random", "truncate", "every_other")}}
+    return {"mask": masks / f"cost-{cost}.json", "trace": masks / f"cost-{cost}.trace.jsonl",
+            "curve": plots / f"cost-{cost}-search.png", "layers": plots / f"cost-{cost}-layers.png",
+            "storage": params.models_dir / "optuna" / f"dimr-{pair}.db"}
+
+
+def grid_costs(params: Params) -> list[str]:
+    """The cost functions the study needs searched: `dimr.cost`, plus any a `cost_<fn>` run asks for."""
+    from .runs import parse_run
+
+    costs = [main_cost(params)]
+    for run in params.study["runs"]:
+        kind = parse_run(run).mask_kind
+        if kind and kind.startswith("cost_") and kind[len("cost_"):] not in costs:
+            costs.append(kind[len("cost_"):])
+    return costs
 
 
 def study_name(prefix: str, config: dict) -> str:
@@ -56,7 +82,7 @@ def run_dimr_stage(params: Params, progress: bool = True, pair: Pair | None = No
     pair = pair or params.pair()
     cfg = dimr_config(params, **overrides)
     cfg.check()
-    main = cfg.cost == params.raw.get("dimr", {}).get("cost", "path")
+    main = cfg.cost == main_cost(params)
     baselines = _baselines(params) if main else []
     paths = mask_paths(params, pair.name, cfg.cost)
     if paths["mask"].exists():

@@ -6,7 +6,7 @@ Outputs under reports/:
   plots/<pair>-<task>-frontier.png       speedup vs quality
   plots/<pair>-<task>-tiers.png          how verified positions were settled, per run
   summary.md                             every table, with links to the plots (also those of dimr-search:
-                                         reports/dimr/<pair>-search.png and -layers.png)
+                                         reports/dimr/<pair>/search.png and layers.png)
 """
 
 from __future__ import annotations
@@ -112,6 +112,6 @@ def run_report_stage(params: Params) -> dict:
         headline[key] = {e["run"]: {"speedup_vs_ar": e.get("speedup_vs_ar"), "rejection_rate": e.get("rejection_rate")}
                          for e in evals}
     for pair in params.study["pairs"]:
-        summary.append(f"DIMR search of `{pair}`: ![search](dimr/{pair}-search.png) ![layers](dimr/{pair}-layers.png)\n")
+        summary.append(f"DIMR search of `{pair}`: ![search](dimr/{pair}/search.png) ![layers](dimr/{pair}/layers.png)\n")
     write_text(paths["summary"], "\n".join(summary))
     return {"tables": len(by_cell), "runs": sum(len(v) for v in by_cell.values()), "headline": headline}

@@ -1,7 +1,8 @@
 """`viasd tune-thresholds`: VIA-SD thresholds for the pair and task, on the dev split.
 
-Outputs: models/thresholds/<pair>-<task>.json (what the decode stage reads), .trace.jsonl,
-.optuna.db (resumable study) and reports/thresholds/<pair>-<task>.png (speed-quality trade-off).
+Outputs: models/thresholds/<pair>-<task>.json (what the decode stage reads), .trace.jsonl and
+reports/thresholds/<pair>-<task>.png (speed-quality trade-off); the resumable Optuna study lives in
+models/optuna/thresholds-<pair>-<task>.db.
 Nothing is written when no trial meets the quality constraint.
 """
 
@@ -31,7 +32,7 @@ def threshold_paths(params: Params, task: str, pair: str | None = None) -> dict:
     name = f"{pair or params.pair().name}-{task}"
     base = params.models_dir / "thresholds"
     return {"json": base / f"{name}.json", "trace": base / f"{name}.trace.jsonl",
-            "storage": base / f"{name}.optuna.db",
+            "storage": params.models_dir / "optuna" / f"thresholds-{name}.db",
             "plot": params.reports_dir / "thresholds" / f"{name}.png"}
 
 

@@ -24,18 +24,12 @@ if _resolved != config:
 
 # every viasd command of the workflow reads the same parameters
 VIASD_ARGS = " ".join(["--params params.yaml", *(f"--config {f}" for f in CONFIG_FILES)])
-PARAMS = viasd_config.parse(config)
 STUDY = config["study"]
 DATA = config["data"]["dir"]
 MODELS = config["models"]["dir"]
 FAMILY = config["models"]["family"]
 REPORTS = STUDY.get("reports", "reports")
-MAIN_COST = config.get("dimr", {}).get("cost", "path")
-BASELINES = config.get("dimr", {}).get("baselines", [])
-RUNS = [parse_run(r) for r in STUDY["runs"]]
-ALT_COSTS = sorted(
-    {r.ablation[len("cost_"):] for r in RUNS if r.mask_kind and r.mask_kind.startswith("cost_")} - {MAIN_COST}
-)
+RUNS = [parse_run(r).name for r in STUDY["runs"]]
 
 
 wildcard_constraints:
@@ -43,7 +37,6 @@ wildcard_constraints:
     task="[a-z0-9_]+",
     run="[a-z_]+(-[a-z0-9_]+)?",
     role="target|draft|independent",
-    cost="path|target",
 
 
 def pair_models(pair, roles=("target", "draft")):
@@ -51,21 +44,6 @@ def pair_models(pair, roles=("target", "draft")):
     if pair != FAMILY:
         return []
     return [f"{MODELS}/{FAMILY}/{role}" for role in roles]
-
-
-def run_models(wildcards):
-    spec = parse_run(wildcards.run)
-    roles = ["target"] if spec.method == "ar" else ["target", "draft"]
-    if spec.ablation == "independent":
-        roles.append("independent")
-    return pair_models(wildcards.pair, roles)
-
-
-def run_inputs(wildcards):
-    """Mask and thresholds files a decode run reads (viasd.stages.decode_stage.run_inputs)."""
-    from viasd.stages.decode_stage import run_inputs as inputs
-
-    return {k: str(v) for k, v in inputs(PARAMS, wildcards.pair, wildcards.task, wildcards.run).items()}
 
 
 def task_params(wildcards):
@@ -77,5 +55,5 @@ def eval_files():
         f"{REPORTS}/eval/{{pair}}/{{task}}/{{run}}.json",
         pair=STUDY["pairs"],
         task=STUDY["tasks"],
-        run=[r.name for r in RUNS],
+        run=RUNS,
     )

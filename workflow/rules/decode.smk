@@ -1,9 +1,11 @@
 rule decode:
     """One cell of the grid (pair x task x run) on the test prompts, timed against ar in the same job."""
     input:
+        # the same inputs for every run, as in dvc.yaml's matrix stage (a run reads the ones it needs)
         DATA,
-        unpack(run_inputs),
-        models=run_models,
+        models=lambda w: pair_models(w.pair, ["target", "draft", "independent"]),
+        masks=f"{MODELS}/masks/{{pair}}",
+        thresholds=f"{MODELS}/thresholds/{{pair}}-{{task}}.json",
     output:
         rows=f"{REPORTS}/decode/{{pair}}/{{task}}/{{run}}.jsonl",
         summary=f"{REPORTS}/decode/{{pair}}/{{task}}/{{run}}.json",

@@ -2,7 +2,7 @@ rule report:
     """Tables (markdown + CSV) per pair x task, the speed-quality frontier and per-tier plots."""
     input:
         evals=eval_files(),
-        dimr=expand(f"{REPORTS}/dimr/{{pair}}-{{plot}}.png", pair=STUDY["pairs"], plot=["search", "layers"]),
+        dimr=expand(f"{REPORTS}/dimr/{{pair}}", pair=STUDY["pairs"]),
     output:
         summary=report(f"{REPORTS}/summary.md", category="Summary"),
         tables=expand(f"{REPORTS}/tables/{{pair}}-{{task}}.{{ext}}", pair=STUDY["pairs"], task=STUDY["tasks"], ext=["md", "csv"]),

@@ -2,13 +2,14 @@ rule train_model:
     """One model of the embedded default family (hub pairs skip this); resumes from its checkpoint."""
     input:
         DATA,
+        # the draft is distilled from the target (DVC's train_draft stage has the same dependency)
         teacher=lambda w: pair_models(FAMILY, ["target"]) if w.role == "draft" else [],
     output:
         directory(f"{MODELS}/{FAMILY}/{{role}}"),
     params:
         viasd=VIASD_ARGS,
         seed=config["seed"],
-        arch=lambda w: config["models"]["families"][FAMILY][w.role],
+        arch=lambda w: config["models"]["families"][FAMILY],
         context=config["models"]["families"][FAMILY]["context"],
         train=config["train"],
     threads: 4

@@ -3,7 +3,7 @@ rule tune_thresholds:
     input:
         DATA,
         models=lambda w: pair_models(w.pair),
-        mask=f"{MODELS}/masks/{{pair}}.json",
+        masks=f"{MODELS}/masks/{{pair}}",
     output:
         thresholds=f"{MODELS}/thresholds/{{pair}}-{{task}}.json",
         trace=f"{MODELS}/thresholds/{{pair}}-{{task}}.trace.jsonl",
