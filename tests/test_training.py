@@ -117,15 +117,28 @@ def test_tokenizer_that_does_not_match_the_models(study, tmp_path):
         ModelSet(models.target, other, models.target, draft_tokenizer=other)
 
 
-def test_decode_command_on_the_trained_family(study, capsys, tmp_path):
+def test_decode_and_evaluate_commands_on_the_trained_family(study, capsys):
     from viasd.cli import main
+    from viasd.stages.decode_stage import decode_paths
+    from viasd.stages.evaluate_stage import eval_path
 
     src_tmp, params = study
-    out = tmp_path / "rows.jsonl"
-    args = ["decode", "--params", str(src_tmp / "params.yaml"), "--task", "stdlib_continuation", "--method", "sd",
-            "--gamma", "3", "--limit", "2", "--device", "cpu", "--out", str(out)]
-    assert main(args) == 0
+    base = ["--params", str(src_tmp / "params.yaml"), "--no-track", "--task", "stdlib_continuation"]
+    assert main(["decode", *base, "--run", "sd-gamma_3", "--limit", "2"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["examples"] == 2 and summary["method"] == "sd" and 0 <= summary["acceptance_rate"] <= 1
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(rows) == 2 and sum(r["stats"]["new_tokens"] for r in rows) == summary["new_tokens"]
+    assert summary["examples"] == 2 and summary["run"] == "sd-gamma_3" and 0 <= summary["acceptance_rate"] <= 1
+    paths = decode_paths(params, "smoke", "stdlib_continuation", "sd-gamma_3")
+    full = json.loads(paths["summary"].read_text())
+    assert full["policy"]["gamma"] == 3 and full["method"] == "sd" and full["ablation"] == "gamma_3"
+    assert full["speedup_vs_ar"] == pytest.approx(full["ar_wall_time_s"] / full["wall_time_s"])
+    rows = [json.loads(line) for line in paths["rows"].read_text().splitlines()]
+    assert len(rows) == 2 and sum(r["stats"]["new_tokens"] for r in rows) == full["new_tokens"]
+    assert all(r["token_ids"] == r["ar_token_ids"] for r in rows)  # greedy sd is lossless
+    assert main(["evaluate", *base, "--run", "sd-gamma_3"]) == 0
+    capsys.readouterr()
+    quality = json.loads(eval_path(params, "smoke", "stdlib_continuation", "sd-gamma_3").read_text())["quality"]
+    assert quality["agreement"] == 1.0 and {"nll", "chrf", "bleu", "exact_prefix"} <= set(quality)
+    assert main(["decode", *base, "--run", "sd-no_tier2"]) == 2
+    assert "no_tier2 is a VIA-SD ablation" in capsys.readouterr().err
+    assert main(["decode", *base, "--run", "viasd"]) == 2  # no thresholds tuned in this directory yet
+    assert "run the stage that writes it first" in capsys.readouterr().err

@@ -87,6 +87,11 @@ def _check_semantics(raw: dict, source: str) -> None:
     clash = set(hub) & set(models["families"])
     if clash:
         raise ConfigError(f"{source}: models.hub_pairs.{sorted(clash)[0]}: the name is also a family in models.families")
+    for name, spec in hub.items():
+        for role in ("target", "draft", "independent"):
+            value = spec.get(role)
+            if value and value.startswith(("/", ".", "~")) and not Path(value).expanduser().exists():
+                raise ConfigError(f"{source}: models.hub_pairs.{name}.{role}: no model directory at {value}")
     study = raw["study"]
     pairs = [models["family"], *hub]
     for i, pair in enumerate(study["pairs"]):
