@@ -69,6 +69,23 @@ def grid_costs(params: Params) -> list[str]:
     return costs
 
 
+def optuna_storage(params: Params, default_file: Path):
+    """`study.optuna_storage` when set — an RDB URL (postgresql://, mysql://) or a journal file (`*.log`, safe
+    on shared file systems) that several workers can share — else the SQLite file `default_file`."""
+    shared = params.study.get("optuna_storage")
+    if not shared:
+        default_file.parent.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{default_file}"
+    if shared.endswith(".log"):
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        path = Path(shared) if Path(shared).is_absolute() else params.models_dir.parent / shared
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return JournalStorage(JournalFileBackend(str(path)))
+    return shared
+
+
 def study_name(prefix: str, config: dict) -> str:
     """One Optuna study per parameter set: a changed parameter starts afresh, the same one resumes."""
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
@@ -95,8 +112,7 @@ def run_dimr_stage(params: Params, progress: bool = True, pair: Pair | None = No
                          trust_remote_code=pair.trust_remote_code)
     cfg.budget(models.target.config.num_hidden_layers)  # fail early on an impossible budget
     cost = MaskCost(models.target, models.draft, calibration, models.vocab_size, cfg.cost, cfg.batch_size)
-    paths["storage"].parent.mkdir(parents=True, exist_ok=True)
-    result = dimr_search(cost, cfg, f"sqlite:///{paths['storage']}", study_name(f"dimr-{pair.name}", asdict(cfg)),
+    result = dimr_search(cost, cfg, optuna_storage(params, paths["storage"]), study_name(f"dimr-{pair.name}", asdict(cfg)),
                          progress)
     out = result_json(result, cfg, pair=pair.name, target=pair.target, draft=pair.draft)
     for name in baselines:

@@ -17,7 +17,7 @@ from ..io import write_json, write_jsonl
 from ..search.plots import speed_quality
 from ..search.thresholds import DevSet, ThresholdConfig, tune_thresholds
 from ..tasks import get_task, load_examples
-from .dimr_stage import mask_paths, study_name
+from .dimr_stage import mask_paths, optuna_storage, study_name
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,7 @@ def run_thresholds_stage(params: Params, task: str | None = None, progress: bool
     examples = load_examples(params.data.dir, task, "dev")[: section.get("dev_prompts")]
     max_new = params.tasks.get(task, {}).get("max_new_tokens", 128)
     dev = DevSet(models, examples, max_new, get_task(task).stop_strings)
-    paths["storage"].parent.mkdir(parents=True, exist_ok=True)
-    out = tune_thresholds(dev, cfg, f"sqlite:///{paths['storage']}", study_name(f"thresholds-{pair.name}-{task}", signature),
+    out = tune_thresholds(dev, cfg, optuna_storage(params, paths["storage"]), study_name(f"thresholds-{pair.name}-{task}", signature),
                           progress)
     best = out["best"]
     result = {

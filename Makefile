@@ -1,0 +1,26 @@
+# Set-up and the two entry points of the README: `make study` (the embedded default study, offline,
+# CPU) and `make test` (the test suite). Both create .venv on first use.
+VENV ?= .venv
+CORES ?= 8
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export HF_HUB_OFFLINE ?= 1
+
+.PHONY: setup study smoke test
+setup: $(VENV)/.installed
+
+# torch first and pinned: 2.13.0 is the CPU build this project's machines carry; a newer one pulls CUDA.
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV)/bin/python -m pip install --quiet "torch==2.13.0"
+	$(VENV)/bin/python -m pip install --quiet -e ".[test]"
+	touch $@
+
+study: setup
+	snakemake --cores $(CORES) all
+
+smoke: setup
+	snakemake --cores 2 all --configfile config/smoke.yaml
+
+test: setup
+	python -m pytest -q

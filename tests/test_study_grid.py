@@ -1,0 +1,109 @@
+"""The study grid's runs, the decode policy each one gets, shared Optuna storage, config checks."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from study_fixtures import smoke_params
+
+from viasd import config
+from viasd.config import ConfigError
+from viasd.stages.decode_stage import StudyInputError, run_inputs, run_policy
+from viasd.stages.dimr_stage import grid_costs, optuna_storage
+from viasd.stages.runs import parse_run
+
+
+@pytest.mark.parametrize("text, method, ablation, mask, gamma", [
+    ("ar", "ar", None, None, None),
+    ("viasd", "viasd", None, "main", None),
+    ("cascade_sd", "cascade_sd", None, "main", None),
+    ("viasd-mask_random", "viasd", "mask_random", "random", None),
+    ("cascade_sd-mask_every_other", "cascade_sd", "mask_every_other", "every_other", None),
+    ("viasd-cost_target", "viasd", "cost_target", "cost_target", None),
+    ("viasd-independent", "viasd", "independent", None, None),
+    ("viasd-no_tier2", "viasd", "no_tier2", "main", None),
+    ("sd-gamma_6", "sd", "gamma_6", None, 6),
+])
+def test_runs_parse(text, method, ablation, mask, gamma):
+    spec = parse_run(text)
+    assert (spec.method, spec.ablation, spec.mask_kind, spec.gamma, spec.name) == (method, ablation, mask, gamma, text)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("beam", "unknown method 'beam'"),
+    ("sd-mask_random", "only cascade_sd and viasd have"),
+    ("cascade_sd-no_tier2", "no_tier2 is a VIA-SD ablation"),
+    ("ar-gamma_3", "ar has no draft block length"),
+    ("viasd-gamma_0", "unknown ablation 'gamma_0'"),
+    ("viasd-bigger", "unknown ablation 'bigger'"),
+])
+def test_bad_runs_are_refused(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_run(text)
+
+
+def test_policy_and_inputs_of_each_run(tmp_path):
+    params = config.load(smoke_params(tmp_path, {"study": {"runs": ["ar", "viasd", "viasd-cost_target"]},
+                                                 "decode": {"gamma": 5, "spec_cascade": {"rule": "chow", "alpha": 0.3}}}))
+    assert grid_costs(params) == ["path", "target"]
+    assert run_inputs(params, "smoke", "stdlib_continuation", "ar") == {}
+    inputs = run_inputs(params, "smoke", "stdlib_continuation", "viasd-mask_truncate")
+    assert inputs["mask"].name == "truncate.json" and inputs["thresholds"].name == "smoke-stdlib_continuation.json"
+    assert run_inputs(params, "smoke", "humaneval", "viasd-cost_target")["mask"].name == "cost-target.json"
+    assert "mask" not in run_inputs(params, "smoke", "humaneval", "viasd-independent")
+
+    sd = run_policy(params, "smoke", "stdlib_continuation", "sd")
+    assert (sd.method, sd.gamma) == ("sd", 5) and sd.max_new_tokens == params.tasks["stdlib_continuation"]["max_new_tokens"]
+    spec = run_policy(params, "smoke", "stdlib_continuation", "spec_cascade-gamma_2")
+    assert (spec.rule, spec.alpha, spec.gamma) == ("chow", 0.3, 2)
+    with pytest.raises(StudyInputError, match="the tuned thresholds .* does not exist"):
+        run_policy(params, "smoke", "stdlib_continuation", "viasd")
+    tuned = {"gamma": 3, "tau_accept": 2.5, "tau_slim": 0.7, "score": "ratio_argmax", "confidence": "margin"}
+    path = inputs["thresholds"]
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(tuned))
+    viasd = run_policy(params, "smoke", "stdlib_continuation", "viasd")
+    assert (viasd.gamma, viasd.tau_accept, viasd.tau_slim, viasd.score, viasd.confidence) == tuple(tuned.values())
+    no_tier2 = run_policy(params, "smoke", "stdlib_continuation", "viasd-no_tier2")
+    assert math.isinf(no_tier2.tau_slim) and no_tier2.tau_accept == 2.5
+    assert run_policy(params, "smoke", "stdlib_continuation", "viasd-gamma_6").gamma == 6
+
+
+def test_shared_optuna_storage_is_seen_by_another_worker(tmp_path):
+    import optuna
+
+    params = config.load(smoke_params(tmp_path, {"study": {"optuna_storage": "shared/journal.log"}}))
+    first = optuna.create_study(storage=optuna_storage(params, tmp_path / "unused.db"), study_name="s")
+    first.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=3)
+    other = optuna.load_study(storage=optuna_storage(params, tmp_path / "unused.db"), study_name="s")
+    assert len(other.trials) == 3 and (tmp_path / "shared" / "journal.log").exists()
+    assert not (tmp_path / "unused.db").exists()
+    local = config.load(smoke_params(tmp_path))
+    assert optuna_storage(local, tmp_path / "o" / "x.db") == f"sqlite:///{tmp_path / 'o' / 'x.db'}"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"study": {"pairs": ["nope"]}}, "study.pairs.0: 'nope' is neither models.family nor one of models.hub_pairs"),
+    ({"study": {"tasks": ["gsm8k"]}}, "study.tasks.0: 'gsm8k' has no entry under tasks"),
+    ({"study": {"runs": ["sd-no_tier2"]}}, "study.runs.0: 'sd-no_tier2': no_tier2 is a VIA-SD ablation"),
+    ({"models": {"hub_pairs": {"hp": {"target": "org/t", "draft": "org/d"}}}, "study": {"pairs": ["hp"],
+      "runs": ["viasd-independent"]}}, "models.hub_pairs.hp.independent is not set"),
+    ({"decode": {"split": "train"}}, "decode.split: 'train' is not one of"),
+    ({"models": {"device": "gpu0"}}, "models.device: 'gpu0' does not match"),
+])
+def test_study_section_errors_name_the_key(tmp_path, change, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        config.load(smoke_params(tmp_path, change))
+
+
+def test_hub_pair_resolves_to_its_ids(tmp_path):
+    params = config.load(smoke_params(tmp_path, {"models": {"hub_pairs": {"hp": {
+        "target": "org/big", "draft": "org/small", "dtype": "bfloat16"}}},
+        "study": {"pairs": ["hp", "smoke"], "runs": ["ar", "viasd"]}}))
+    hp = params.pair("hp")
+    assert (hp.target, hp.draft, hp.independent, hp.trained, hp.dtype) == ("org/big", "org/small", None, False, "bfloat16")
+    assert params.pair().name == "hp" and params.pair("smoke").trained
+    with pytest.raises(ConfigError, match="unknown pair 'x'"):
+        params.pair("x")

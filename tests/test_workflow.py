@@ -1,0 +1,236 @@
+"""The study workflow with the real tools on a copy of the repository: Snakemake, DVC, MLflow.
+
+The smoke configuration (config/smoke.yaml) keeps every run to a few minutes on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from workflow_helpers import BIN, copy_repo, covers, dvc_stages, run, snakemake_jobs, tool_env
+
+SMOKE = ["--configfile", "config/smoke.yaml"]
+SMOKE_RUNS = yaml.safe_load((Path(__file__).resolve().parent.parent / "config" / "smoke.yaml").read_text())["study"]["runs"]
+
+
+def expected_run_names(pair="smoke", task="stdlib_continuation") -> list[str]:
+    names = ["prepare_data", "train_model/target", "train_model/draft", "train_model/independent",
+             f"dimr_search/{pair}/path", f"tune_thresholds/{pair}/{task}", "report"]
+    names += [f"{stage}/{pair}/{task}/{run}" for stage in ("decode", "evaluate") for run in SMOKE_RUNS]
+    return sorted(names)
+
+
+def snakemake(cwd: Path, *args: str, check: bool = True, timeout: float = 900):
+    return run([str(BIN / "snakemake"), *args], cwd, check=check, timeout=timeout)
+
+
+@pytest.fixture
+def repo(tmp_path):
+    return copy_repo(tmp_path / "repo")
+
+
+# ---------------------------------------------------------------- DAG definitions ------------------
+
+
+@pytest.mark.parametrize("config", ["default", "smoke"])
+def test_snakemake_and_dvc_dags_do_not_drift(repo, config):
+    """Same stage set and commands; every Snakemake output is a DVC out (or lies in one) and vice versa;
+    each stage depends on the same upstream stages and inputs in both."""
+    if config == "smoke":  # DVC reads params.yaml: write the merged parameters there
+        run([str(BIN / "viasd"), "resolve-params", "--config", "config/smoke.yaml", "-o", "params.yaml"], repo)
+    jobs, stages = snakemake_jobs(repo), dvc_stages(repo)
+    assert set(jobs) == set(stages), (set(jobs) ^ set(stages))
+    assert len(jobs) >= 7
+
+    def producers(paths, table: dict, key: str) -> set[str]:
+        """The stages whose outputs overlap any of `paths` (a directory dependency takes all inside it)."""
+        return {cmd for cmd, item in table.items() for out in item[key] for p in paths
+                if covers(out, p) or covers(p, out)}
+
+    for cmd, job in jobs.items():
+        stage = stages[cmd]
+        for out in job["outputs"]:
+            assert any(covers(o, out) for o in stage["outs"]), f"{cmd}: Snakemake output {out} is not a DVC out"
+        for out in stage["outs"]:
+            assert any(covers(out, o) for o in job["outputs"]), f"{cmd}: DVC out {out} is no Snakemake output"
+        data_deps = {d for d in stage["deps"] if not d.startswith("viasd/")}
+        for path in job["inputs"]:
+            assert any(covers(d, path) or covers(path, d) for d in data_deps), f"{cmd}: input {path} not in dvc.yaml"
+        for dep in data_deps:
+            assert any(covers(dep, p) or covers(p, dep) for p in job["inputs"]), f"{cmd}: DVC dep {dep} not in Snakefile"
+        assert producers(job["inputs"], jobs, "outputs") == producers(data_deps, stages, "outs"), cmd
+
+
+def test_snakemake_lint_is_clean(repo):
+    for extra in ([], SMOKE):
+        out = snakemake(repo, "--lint", *extra)
+        assert "Congratulations, your workflow is in a good condition" in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"train": {"batch_size": "four"}}, "train.batch_size: 'four' is not of type 'integer'"),
+    ({"study": {"runs": ["ar", "beam"]}}, "study.runs.1: 'beam': unknown method 'beam'"),
+    ({"models": {"hub_pairs": {"mine": {"target": "./no/such/model", "draft": "./no/draft"}}},
+      "study": {"pairs": ["mine"]}}, "models.hub_pairs.mine.target: no model directory at ./no/such/model"),
+])
+def test_malformed_params_stop_before_any_job(repo, change, key):
+    from viasd.config import deep_merge
+
+    raw = deep_merge(yaml.safe_load((repo / "params.yaml").read_text()), change)
+    (repo / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    out = snakemake(repo, "--cores", "1", "all", check=False)
+    assert out.returncode != 0
+    assert key in out.stdout + out.stderr
+    assert not any((repo / d).exists() for d in ("data", "logs", "models", "reports"))
+
+
+# ---------------------------------------------------------------- Snakemake end to end ------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rest(port: int, path: str, body: dict | None = None) -> dict:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
+                                 headers={"Content-Type": "application/json"}, method="POST" if data else "GET")
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def _check_outputs_whole(repo: Path) -> int:
+    """Every output file present is complete: JSON parses, a decode summary's rows are all there."""
+    checked = 0
+    for path in (repo / "reports-smoke").rglob("*.json"):
+        data = json.loads(path.read_text())
+        if path.parent.parent.parent.name == "decode":
+            rows = path.with_suffix(".jsonl").read_text().splitlines()
+            assert len(rows) == data["examples"]
+        checked += 1
+    for path in (repo / "models-smoke").rglob("*.json"):
+        json.loads(path.read_text())
+        checked += 1
+    return checked
+
+
+def test_smoke_study_killed_resumed_tracked_and_reported(repo):
+    """One parallel smoke run killed mid-decode, then completed; no half-written output, each stage run
+    exactly once in MLflow (also through `mlflow ui`'s REST API), the report built, a re-run is a no-op."""
+    env = tool_env()
+    proc = subprocess.Popen([str(BIN / "snakemake"), "--cores", "4", "all", *SMOKE], cwd=repo, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 600
+    while proc.poll() is None and time.time() < deadline:
+        if (repo / "logs" / "decode").exists() and any((repo / "logs" / "decode").rglob("*.log")):
+            time.sleep(1.0)
+            break
+        time.sleep(0.3)
+    assert proc.poll() is None, "the workflow ended before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (repo / "reports-smoke" / "summary.md").exists()
+    _check_outputs_whole(repo)
+
+    snakemake(repo, "--unlock", *SMOKE)
+    snakemake(repo, "--cores", "4", "all", *SMOKE)
+    assert _check_outputs_whole(repo) >= 2 * len(SMOKE_RUNS)
+    table = (repo / "reports-smoke" / "tables" / "smoke-stdlib_continuation.md").read_text()
+    assert all(f"| {run} |" in table for run in SMOKE_RUNS)
+    for plot in ("smoke-stdlib_continuation-frontier.png", "smoke-stdlib_continuation-tiers.png"):
+        assert (repo / "reports-smoke" / "plots" / plot).stat().st_size > 1000
+    assert (repo / "reports-smoke" / "dimr" / "smoke" / "search.png").exists()
+    csv_rows = (repo / "reports-smoke" / "tables" / "smoke-stdlib_continuation.csv").read_text().splitlines()
+    assert len(csv_rows) == 1 + len(SMOKE_RUNS) and "speedup_vs_ar" in csv_rows[0]
+
+    again = snakemake(repo, "--cores", "2", "all", *SMOKE)
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("viasd-smoke")
+    runs = [r for r in client.search_runs([exp.experiment_id], max_results=1000) if r.info.status == "FINISHED"]
+    assert sorted(r.info.run_name for r in runs) == expected_run_names()
+    by_name = {r.info.run_name: r for r in runs}
+    viasd = by_name["evaluate/smoke/stdlib_continuation/viasd"].data
+    assert viasd.tags["method"] == "viasd" and viasd.tags["ablation"] == "none" and viasd.tags["stage"] == "evaluate"
+    assert {"rejection_rate", "acceptance_rate", "mean_accepted_length", "speedup_vs_ar", "quality.agreement",
+            "accepted_by_tier.accepted_direct", "passes.target"} <= set(viasd.metrics)
+    decode = by_name["decode/smoke/stdlib_continuation/viasd-mask_random"].data
+    assert decode.tags["ablation"] == "mask_random" and len(decode.tags["git_commit"]) == 40
+    assert decode.tags["dvc_md5.model.target"].endswith(".dir") and "dvc_md5.thresholds" in decode.tags
+
+    port = _free_port()
+    ui = subprocess.Popen([str(BIN / "mlflow"), "ui", "--backend-store-uri", f"sqlite:///{repo / 'mlflow.db'}",
+                           "--host", "127.0.0.1", "--port", str(port)], cwd=repo, env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                exp_id = _rest(port, "/api/2.0/mlflow/experiments/get-by-name?experiment_name=viasd-smoke")
+                break
+            except OSError:
+                assert time.time() < deadline and ui.poll() is None, "mlflow ui did not come up"
+                time.sleep(0.5)
+        found = _rest(port, "/api/2.0/mlflow/runs/search",
+                      {"experiment_ids": [exp_id["experiment"]["experiment_id"]], "max_results": 1000})
+        names = sorted(r["info"]["run_name"] for r in found["runs"] if r["info"]["status"] == "FINISHED")
+        assert names == expected_run_names()
+    finally:
+        os.killpg(ui.pid, signal.SIGTERM)
+        ui.wait(timeout=30)
+
+    snakemake(repo, "--report", "report.html", *SMOKE)
+    assert (repo / "report.html").stat().st_size > 10_000
+
+
+# ---------------------------------------------------------------- DVC ------------------------------
+
+
+def _stages_run(output: str) -> set[str]:
+    import re
+
+    return set(re.findall(r"Running stage '([^']+)'", output))
+
+
+def test_dvc_repro_reruns_only_what_a_parameter_change_touches(repo):
+    run([str(BIN / "viasd"), "resolve-params", "--config", "config/smoke.yaml", "-o", "params.yaml"], repo)
+    first = run([str(BIN / "dvc"), "repro"], repo, timeout=1200)
+    ran = _stages_run(first.stdout)
+    assert {"prepare_data", "train_draft", "report"} <= ran and len(ran) == len(dvc_stages(repo))
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    assert "report" in lock and (repo / "reports-smoke" / "summary.md").exists()
+    assert "Data and pipelines are up to date" in run([str(BIN / "dvc"), "status"], repo).stdout
+
+    # the MLflow tags carry the hashes DVC recorded for the same inputs
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("viasd-smoke")
+    tags = client.search_runs([exp.experiment_id], "tags.mlflow.runName = 'decode/smoke/stdlib_continuation/viasd'")[0].data.tags
+    deps = {d["path"]: d["md5"] for d in lock["decode@smoke-stdlib_continuation-viasd"]["deps"]}
+    assert tags["dvc_md5.model.target"] == deps["models-smoke/smoke/target"]
+    assert tags["dvc_md5.thresholds"] == deps["models-smoke/thresholds/smoke-stdlib_continuation.json"]
+
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["decode"]["gamma"] = params["decode"]["gamma"] + 1
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    second = _stages_run(run([str(BIN / "dvc"), "repro"], repo, timeout=1200).stdout)
+    assert second and {name.split("@")[0] for name in second} == {"decode", "evaluate", "report"}
+    assert {f"decode@smoke-stdlib_continuation-{r}" for r in SMOKE_RUNS} <= second
+
+    pushed = run([str(BIN / "dvc"), "push"], repo)
+    assert "pushed" in pushed.stdout and any((repo / ".dvc-remote").rglob("*"))

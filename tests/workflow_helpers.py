@@ -1,0 +1,103 @@
+"""Helpers of the workflow tests: a copy of the repository in a temp dir, the real tools run on it,
+and both DAGs (Snakemake's dry run, DVC's stage index) read into one comparable shape."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def tool_env() -> dict:
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("MLFLOW_TRACKING_URI", None)  # the study's default store: mlflow.db beside params.yaml
+    env["HF_HUB_OFFLINE"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def copy_repo(dest: Path) -> Path:
+    """The repository's tracked and not-ignored files, as a fresh git repository (what a clone has)."""
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        src = REPO / name
+        if src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    run(["git", "init", "-q"], dest)
+    run(["git", "add", "-A"], dest)
+    run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy"], dest)
+    return dest
+
+
+def run(cmd: list[str], cwd: Path, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=cwd, env=tool_env(), capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{shlex.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def viasd_command(shell: str) -> str:
+    """`viasd <stage> <args>` of a rule's or stage's command, without the parameter-file options (both
+    tools read the same parameters) and without environment settings and redirections."""
+    words = shlex.split(shell.split(">")[0])
+    words = words[words.index("viasd"):]
+    out, skip = [], False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in ("--params", "--config"):
+            skip = True
+        else:
+            out.append(word)
+    return " ".join(out)
+
+
+def snakemake_jobs(cwd: Path, extra: list[str] = ()) -> dict[str, dict]:
+    """The jobs of a dry run of `all`, keyed by viasd command: rule, inputs, outputs."""
+    proc = run([str(BIN / "snakemake"), "--dry-run", "--printshellcmds", "--forceall", "all", *extra], cwd)
+    jobs, current = {}, None
+    for line in proc.stdout.splitlines():
+        head = re.match(r"^(local)?rule (\w+):$", line)
+        if head:
+            current = {"rule": head.group(2), "inputs": set(), "outputs": set()}
+            continue
+        if current is None:
+            continue
+        field = re.match(r"^\s+(input|output): (.*)$", line)
+        if field:
+            current["inputs" if field.group(1) == "input" else "outputs"] = {p.strip() for p in field.group(2).split(",")}
+        elif line.startswith("    ") and "viasd " in line and current["rule"] != "all":
+            jobs[viasd_command(line.strip())] = current
+            current = None
+        elif line.startswith("Shell command:") or not line.strip():
+            if line.startswith("Shell command:") and "viasd " in line:
+                jobs[viasd_command(line.split(":", 1)[1])] = current
+                current = None
+    return jobs
+
+
+def dvc_stages(cwd: Path) -> dict[str, dict]:
+    """dvc.yaml's stages (foreach/matrix expanded by DVC itself), keyed by viasd command."""
+    code = ("import json; from dvc.repo import Repo; from dvc.dependency.param import ParamsDependency as P; "
+            "r = Repo('.'); print(json.dumps([{'name': s.addressing, 'cmd': s.cmd, "
+            "'deps': [str(d.def_path) for d in s.deps if not isinstance(d, P)], "
+            "'outs': [str(o.def_path) for o in s.outs]} for s in r.index.stages]))")
+    import json
+
+    stages = json.loads(run([sys.executable, "-c", code], cwd).stdout)
+    return {viasd_command(s["cmd"]): {"name": s["name"], "deps": set(s["deps"]), "outs": set(s["outs"])} for s in stages}
+
+
+def covers(parent: str, path: str) -> bool:
+    parent, path = parent.rstrip("/"), path.rstrip("/")
+    return path == parent or path.startswith(parent + "/")
