@@ -142,3 +142,53 @@ def test_decode_and_evaluate_commands_on_the_trained_family(study, capsys):
     assert "no_tier2 is a VIA-SD ablation" in capsys.readouterr().err
     assert main(["decode", *base, "--run", "viasd"]) == 2  # no thresholds tuned in this directory yet
     assert "run the stage that writes it first" in capsys.readouterr().err
+
+
+def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
+    """Shape of `viasd bench`'s JSON on two prompts; speed figures are reported, never asserted."""
+    from viasd.cli import main
+    from viasd.stages.bench_stage import bench_paths
+
+    src_tmp, params = study
+    base = ["--params", str(src_tmp / "params.yaml"), "--no-track"]
+    assert main(["dimr-search", *base]) == 0
+    assert main(["bench", *base, "--prompts", "2", "--repeats", "2", "--max-new-tokens", "12", "--gamma", "3"]) == 0
+    out = capsys.readouterr().out
+    result = json.loads(bench_paths(params, "smoke", "stdlib_continuation")["json"].read_text())
+    methods = ["hf_ar", "hf_assisted", "hf_assisted_fixed", "ar", "sd", "cascade_sd", "spec_cascade", "viasd"]
+    assert set(result["methods"]) == set(methods) and all(m in out for m in methods)
+    for row in result["methods"].values():
+        tps = row["tokens_per_second"]
+        assert len(tps["rounds"]) == 2 and tps["min"] <= tps["median"] <= tps["max"]
+        assert set(row["forward_passes_per_token"]) == {"draft", "target"}
+    assert result["methods"]["ar"]["forward_passes_per_token"]["draft"] == 0
+    # ar makes one target pass per token (the prefill pass included)
+    assert result["methods"]["ar"]["forward_passes_per_token"]["target"] == pytest.approx(1.0)
+    assert {"ar_vs_hf_ar", "sd_vs_hf_assisted", "sd_vs_ar", "viasd_vs_sd", "viasd_vs_ar"} <= set(result["ratios"])
+    assert set(result["efficiency"]) == {"sd", "cascade_sd", "spec_cascade", "viasd"}
+    assert all({"measured_speedup", "ideal_speedup", "efficiency"} <= set(v) for v in result["efficiency"].values())
+    assert result["best_hf_assisted"] in ("hf_assisted", "hf_assisted_fixed") and result["gamma"] == 3
+    assert bench_paths(params, "smoke", "stdlib_continuation")["md"].read_text().startswith("# viasd bench")
+
+    assert main(["bench", *base, "--prompts", "1", "--repeats", "1", "--max-new-tokens", "8",
+                 "--sweep", "gamma=1,2"]) == 0
+    sweep = json.loads(bench_paths(params, "smoke", "stdlib_continuation", "gamma")["json"].read_text())
+    assert [p["gamma"] for p in sweep["points"]] == [1, 2] and "sd" in sweep["points"][0]
+    assert bench_paths(params, "smoke", "stdlib_continuation", "gamma")["png"].exists()
+    capsys.readouterr()
+    assert main(["bench", *base, "--sweep", "depth=1,2"]) == 2
+    assert "unknown sweep 'depth'" in capsys.readouterr().err
+
+
+def test_bench_refuses_a_speedup_when_outputs_differ(study):
+    from viasd.benchmark import BenchError, BenchMethod, run_benchmark
+    from viasd.models import load_models
+    from viasd.policy import DecodePolicy
+
+    _, params = study
+    models = load_models(params.model_dir("target"), draft=params.model_dir("draft"), device="cpu")
+    lossy = DecodePolicy(method="spec_cascade", alpha=50.0, gamma=3, max_new_tokens=10, eos_token_ids=())
+    methods = [BenchMethod("hf_ar"), BenchMethod("sd", lossy)]  # a lossy rule posing as sd
+    prompts = [list(range(5, 25)), list(range(30, 50))]
+    with pytest.raises(BenchError, match="sd and hf_ar produced different tokens on prompt"):
+        run_benchmark(models, prompts, methods, 10, repeats=1, progress=False)

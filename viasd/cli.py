@@ -291,6 +291,72 @@ def _report(args) -> int:
     return 0
 
 
+def _add_bench(sub) -> None:
+    from .benchmark import HF, OURS
+
+    p = _stage_parser(sub, "bench", "speed side by side: our methods vs transformers generate / assisted generation",
+                      _bench)
+    _add_pair(p)
+    p.add_argument("--task", default="stdlib_continuation", help="prompts from this task's test split")
+    p.add_argument("--prompts", type=int, default=8, help="number of prompts")
+    p.add_argument("--max-new-tokens", type=int, help="tokens per prompt (default: the task's max_new_tokens)")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds after the warm-up round")
+    p.add_argument("--gamma", type=int, help="draft block length (default: decode.gamma)")
+    p.add_argument("--methods", default=",".join(HF + OURS), help="comma-separated, from: " + ", ".join(HF + OURS))
+    p.add_argument("--sweep", metavar="KIND=V1,V2,...",
+                   help="scaling run instead: gamma=1,2,4,8 | length=64,128,256,512 | prompt=32,128,384")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+
+
+def _bench(args) -> int:
+    from .stages.bench_stage import bench_paths, run_bench_stage, run_sweep
+
+    params = _load_params(args)
+    for name, value in (("--prompts", args.prompts), ("--repeats", args.repeats)):
+        if value < 1:
+            raise ViasdError(f"{name} must be at least 1, got {value}")
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    pair = params.pair(args.pair)
+    if args.sweep:
+        kind, _, values = args.sweep.partition("=")
+        try:
+            numbers = [int(v) for v in values.split(",") if v.strip()]
+        except ValueError:
+            raise ViasdError(f"--sweep {args.sweep}: the values must be integers, e.g. gamma=1,2,4") from None
+        if not numbers:
+            raise ViasdError(f"--sweep {args.sweep}: give values, e.g. {kind or 'gamma'}=1,2,4")
+        out = run_sweep(params, pair.name, args.task, kind, numbers, args.prompts, args.max_new_tokens, args.repeats,
+                        args.gamma, args.device, args.dtype, methods if args.methods != _add_bench_default() else None)
+        for point in out["points"]:
+            print(json.dumps(point))
+        print(bench_paths(params, pair.name, args.task, kind)["json"])
+        return 0
+    result = run_bench_stage(params, pair.name, args.task, methods, args.prompts, args.max_new_tokens, args.repeats,
+                             args.gamma, args.device, args.dtype)
+    for name, row in result["methods"].items():
+        tps = row["tokens_per_second"]
+        print(f"{name:18s} {tps['median']:8.1f} tok/s  (min {tps['min']:.1f}, max {tps['max']:.1f})  "
+              f"acceptance {row['acceptance_rate'] if row['acceptance_rate'] is None else round(row['acceptance_rate'], 3)}")
+    print(json.dumps({"ratios": result["ratios"],
+                      "efficiency": {k: v["efficiency"] for k, v in result["efficiency"].items()}}))
+    paths = bench_paths(params, pair.name, args.task)
+    _track(args, params, "bench", f"bench/{pair.name}/{args.task}",
+           {k: result[k] for k in ("prompts", "max_new_tokens", "gamma", "repeats", "device", "dtype")},
+           {f"ratio.{k}": v for k, v in result["ratios"].items()}
+           | {f"tokens_per_second.{k}": v["tokens_per_second"]["median"] for k, v in result["methods"].items()}
+           | {f"efficiency.{k}": v["efficiency"] for k, v in result["efficiency"].items()},
+           {"task": args.task}, [paths["json"], paths["md"]])
+    print(paths["json"])
+    return 0
+
+
+def _add_bench_default() -> str:
+    from .benchmark import HF, OURS
+
+    return ",".join(HF + OURS)
+
+
 def _add_resolve_params(sub) -> None:
     p = sub.add_parser("resolve-params", help="write params.yaml merged with --config files (e.g. for dvc repro)")
     p.add_argument("--params", type=Path, default=Path("params.yaml"))
@@ -406,6 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tune_thresholds(sub)
     _add_evaluate(sub)
     _add_report(sub)
+    _add_bench(sub)
     _add_resolve_params(sub)
     _add_tracking_init(sub)
     return parser

@@ -1,0 +1,296 @@
+"""Side-by-side speed benchmark: our methods against `transformers` generate and assisted generation.
+
+One process, one model load, the same prompts; greedy, batch 1, no stop rule (every method makes
+exactly `max_new_tokens` tokens, so tokens/s compare like with like). Before any timing, the
+lossless methods and `hf_ar` must produce the same tokens on every prompt, else `BenchError`.
+Then `repeats` rounds run every method over all prompts, the order reversed every other round,
+after a warm-up round; a method's tokens/s per round is its tokens over its wall time.
+
+Ideal speedup (DESIGN.md §2.1, generalised to any pass mix): with the measured per-pass cost `c_m`
+of each model in the method's own run and its pass counts `P_m`, a zero-overhead engine would
+spend `sum_m P_m c_m` on `N` tokens, against `N * c_step` for `ar` (`c_step` = the target's mean
+pass cost in the `ar` run). `ideal = N c_step / sum_m P_m c_m`; `efficiency = measured / ideal`
+(1.0 = no time outside the model passes). For `sd` the paper's closed form
+`(1 - a^(g+1)) / ((1 - a)(g c + 1))` with the measured acceptance `a` is reported beside it.
+
+Pure library code: models and prompts in, a JSON-ready dict out (no files, no tracking).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from .errors import ViasdError
+from .models import ModelSet
+from .policy import DecodePolicy
+from .stats import DecodeStats
+
+log = logging.getLogger(__name__)
+
+OURS = ("ar", "sd", "cascade_sd", "spec_cascade", "viasd")
+HF = ("hf_ar", "hf_assisted", "hf_assisted_fixed")
+MUST_MATCH = ("ar", "sd", "cascade_sd", "hf_ar", "hf_assisted", "hf_assisted_fixed")
+
+
+class BenchError(ViasdError):
+    """The benchmark cannot report a speedup (outputs differ, a method cannot run)."""
+
+
+@dataclass(frozen=True)
+class BenchMethod:
+    name: str
+    policy: DecodePolicy | None = None  # ours
+    assistant_tokens: int | None = None  # hf_assisted_fixed: num_assistant_tokens, constant schedule
+
+
+class PassCounter:
+    """Counts forward calls of each named model (forward hooks; works for transformers' own loops)."""
+
+    def __init__(self, modules: dict[str, torch.nn.Module]):
+        self.counts = {name: 0 for name in modules}
+        self._handles = [m.register_forward_hook(self._hook(name)) for name, m in modules.items() if m is not None]
+
+    def _hook(self, name):
+        def hook(module, args, output):
+            self.counts[name] += 1
+
+        return hook
+
+    def close(self):
+        for h in self._handles:
+            h.remove()
+
+
+class PeakMemory:
+    """Peak memory of a block: CUDA's allocator peak, else the process's peak RSS (Linux resets it
+    through /proc/self/clear_refs). `mb` is None where neither is available."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.mb: float | None = None
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            try:
+                Path("/proc/self/clear_refs").write_text("5")
+            except OSError:
+                pass
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            self.mb = torch.cuda.max_memory_allocated(self.device) / 2**20
+        else:
+            try:
+                line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmHWM"))
+                self.mb = int(line.split()[1]) / 1024
+            except (OSError, StopIteration):
+                self.mb = None
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def hf_generate(models: ModelSet, max_new_tokens: int, assistant: bool, assistant_tokens: int | None = None) -> Callable:
+    """`prompt ids -> new ids` through `transformers`' own generate (greedy, no EOS stop)."""
+    from transformers import GenerationConfig
+
+    extra = {}
+    if assistant_tokens is not None:
+        extra = {"num_assistant_tokens": assistant_tokens, "num_assistant_tokens_schedule": "constant"}
+    config = GenerationConfig(max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=False, eos_token_id=None,
+                              pad_token_id=0, use_cache=True, **extra)
+    device = next(models.target.parameters()).device
+
+    @torch.inference_mode()
+    def run(prompt: list[int]) -> list[int]:
+        ids = torch.tensor([prompt], device=device)
+        kwargs = {"assistant_model": models.draft} if assistant else {}
+        out = models.target.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config, **kwargs)
+        return out[0, len(prompt):].tolist()
+
+    return run
+
+
+def method_table(models: ModelSet, names: list[str], gamma: int, max_new_tokens: int, viasd: dict | None = None,
+                 spec_cascade: dict | None = None) -> list[BenchMethod]:
+    """The benchmark's methods: ours with `gamma` (viasd with its tuned thresholds when given), and HF's."""
+    base = DecodePolicy(method="ar", gamma=gamma, max_new_tokens=max_new_tokens, eos_token_ids=(), exact_timing=True)
+    out = []
+    for name in names:
+        if name in ("hf_ar", "hf_assisted"):
+            out.append(BenchMethod(name))
+        elif name == "hf_assisted_fixed":
+            out.append(BenchMethod(name, assistant_tokens=gamma))
+        elif name == "viasd":
+            out.append(BenchMethod(name, replace(base, method="viasd", **(viasd or {}))))
+        elif name == "spec_cascade":
+            out.append(BenchMethod(name, replace(base, method="spec_cascade", **(spec_cascade or {}))))
+        elif name in OURS:
+            out.append(BenchMethod(name, replace(base, method=name)))
+        else:
+            raise BenchError(f"unknown benchmark method {name!r}; choose from {', '.join(OURS + HF)}")
+    if any(m.name != "ar" and m.name != "hf_ar" for m in out) and models.draft is None:
+        raise BenchError("the speculative methods need a draft model")
+    if any(m.name in ("cascade_sd", "viasd") for m in out) and not models.slims:
+        raise BenchError("cascade_sd and viasd need a slim verifier (a routing mask)")
+    return out
+
+
+def _runner(models: ModelSet, method: BenchMethod, max_new_tokens: int) -> Callable:
+    if method.policy is not None:
+        return lambda prompt: models.generate(prompt, method.policy)
+    return hf_generate(models, max_new_tokens, assistant=method.name != "hf_ar", assistant_tokens=method.assistant_tokens)
+
+
+def run_benchmark(models: ModelSet, prompts: list[list[int]], methods: list[BenchMethod], max_new_tokens: int,
+                  repeats: int = 3, progress: bool = True) -> dict:
+    """Check outputs, then time every method; returns per-method figures, ratios and efficiencies."""
+    from tqdm.auto import tqdm
+
+    device = next(models.target.parameters()).device
+    runners = {m.name: _runner(models, m, max_new_tokens) for m in methods}
+    # timed rounds: no per-model synchronisation on a GPU (round 0 measures per-model times)
+    timed = {m.name: _runner(models, replace(m, policy=replace(m.policy, exact_timing=False)) if m.policy else m,
+                             max_new_tokens) for m in methods}
+    tokens: dict[str, list[list[int]]] = {}
+    stats: dict[str, DecodeStats] = {}
+    counts: dict[str, dict] = {}
+    memory: dict[str, float | None] = {}
+    modules = {"draft": models.draft, "target": models.target}
+    # round 0: outputs, statistics, pass counts and memory (also the warm-up)
+    for method in tqdm(methods, desc="bench: check outputs", disable=not progress, leave=False):
+        counter = PassCounter(modules)
+        outs, parts = [], []
+        with PeakMemory(device) as peak:
+            for prompt in prompts:
+                result = runners[method.name](prompt)
+                if method.policy is not None:
+                    outs.append(result.token_ids)
+                    parts.append(result.stats)
+                else:
+                    outs.append(result)
+        counter.close()
+        tokens[method.name], memory[method.name] = outs, peak.mb
+        counts[method.name] = dict(counter.counts)
+        if parts:
+            stats[method.name] = DecodeStats.merge(parts)
+    reference = next((n for n in ("hf_ar", "ar") if n in tokens), None)
+    for name in MUST_MATCH:
+        if name in tokens and reference is not None:
+            for i, (ours, ref) in enumerate(zip(tokens[name], tokens[reference])):
+                if ours != ref:
+                    first = next((k for k, (a, b) in enumerate(zip(ours, ref)) if a != b), min(len(ours), len(ref)))
+                    raise BenchError(f"{name} and {reference} produced different tokens on prompt {i} (first at "
+                                     f"position {first}); refusing to report a speedup")
+    for name, outs in tokens.items():
+        short = [i for i, o in enumerate(outs) if len(o) != max_new_tokens]
+        if short:
+            raise BenchError(f"{name} made {len(outs[short[0]])} tokens on prompt {short[0]}, not {max_new_tokens}: "
+                             "the prompt plus max_new_tokens exceeds the model's context")
+    # timed rounds, alternating order
+    seconds: dict[str, list[float]] = {m.name: [] for m in methods}
+    n_tokens = max_new_tokens * len(prompts)
+    for r in tqdm(range(repeats), desc="bench: timed rounds", disable=not progress, leave=False):
+        for method in (methods if r % 2 == 0 else list(reversed(methods))):
+            _sync(device)
+            start = time.perf_counter()
+            for prompt in prompts:
+                timed[method.name](prompt)
+            _sync(device)
+            seconds[method.name].append(time.perf_counter() - start)
+    return summarise(methods, seconds, n_tokens, stats, counts, memory)
+
+
+def _ideal(stats: DecodeStats, step_cost: float) -> float | None:
+    model_time = sum(stats.time_s.values())
+    return stats.new_tokens * step_cost / model_time if model_time else None
+
+
+def summarise(methods, seconds, n_tokens, stats, counts, memory) -> dict:
+    per = {}
+    for m in methods:
+        rates = [n_tokens / s for s in seconds[m.name]]
+        row = {"tokens_per_second": {"median": statistics.median(rates), "min": min(rates), "max": max(rates),
+                                     "rounds": rates},
+               "peak_memory_mb": memory[m.name],
+               "forward_passes_per_token": {k: v / n_tokens for k, v in counts[m.name].items()}}
+        s = stats.get(m.name)
+        if s is not None:
+            row.update({"acceptance_rate": s.acceptance_rate, "rejection_rate": s.rejection_rate,
+                        "mean_accepted_length": s.mean_accepted_length, "tokens_per_block": s.tokens_per_block,
+                        "pass_cost_s": {k: s.time_s[k] / s.passes[k] for k in s.passes if s.passes[k]}})
+        else:  # transformers: one target pass per verify step
+            target_passes = counts[m.name].get("target", 0)
+            row.update({"acceptance_rate": None, "rejection_rate": None,
+                        "mean_accepted_length": (n_tokens / target_passes - 1) if m.name != "hf_ar" and target_passes else None})
+        per[m.name] = row
+    med = {name: row["tokens_per_second"]["median"] for name, row in per.items()}
+
+    def ratio(a, b):
+        return med[a] / med[b] if a in med and b in med else None
+
+    best_hf_assisted = max((n for n in ("hf_assisted", "hf_assisted_fixed") if n in med), key=med.get, default=None)
+    ratios = {"ar_vs_hf_ar": ratio("ar", "hf_ar"),
+              "sd_vs_hf_assisted": ratio("sd", best_hf_assisted) if best_hf_assisted else None,
+              "sd_vs_ar": ratio("sd", "ar"), "viasd_vs_sd": ratio("viasd", "sd"), "viasd_vs_ar": ratio("viasd", "ar"),
+              "cascade_sd_vs_ar": ratio("cascade_sd", "ar"), "spec_cascade_vs_ar": ratio("spec_cascade", "ar"),
+              "hf_assisted_vs_hf_ar": ratio(best_hf_assisted, "hf_ar") if best_hf_assisted else None}
+    efficiency = {}
+    ar = stats.get("ar")
+    if ar is not None and ar.passes.get("target"):
+        step = ar.time_s["target"] / ar.passes["target"]
+        for name in ("sd", "cascade_sd", "spec_cascade", "viasd"):
+            if name in stats and "ar" in med:
+                ideal = _ideal(stats[name], step)
+                measured = med[name] / med["ar"]
+                entry = {"measured_speedup": measured, "ideal_speedup": ideal,
+                         "efficiency": measured / ideal if ideal else None}
+                if name == "sd":
+                    entry["ideal_speedup_closed_form"] = _closed_form(stats[name], step)
+                efficiency[name] = entry
+    return {"methods": per, "ratios": {k: v for k, v in ratios.items() if v is not None}, "efficiency": efficiency,
+            "best_hf_assisted": best_hf_assisted}
+
+
+def _closed_form(s: DecodeStats, step: float) -> float | None:
+    """(1 - a^(g+1)) / ((1 - a)(g c + 1)), a = acceptance rate, g = drafts per block, c = draft/target step cost."""
+    a = s.acceptance_rate
+    if a is None or not s.blocks or not s.passes.get("draft"):
+        return None
+    g = s.drafted / s.blocks
+    c = (s.time_s["draft"] / s.passes["draft"]) / step
+    expected = (g + 1) if a >= 1 else (1 - a ** (g + 1)) / (1 - a)
+    return expected / (g * c + 1)
+
+
+def markdown(result: dict, title: str) -> str:
+    lines = [f"# {title}\n", "| method | tokens/s (median) | min–max | acceptance | mean acc. length | "
+             "target passes/token | draft passes/token | peak MB |", "|---|---|---|---|---|---|---|---|"]
+
+    def f(x, p=3):
+        return "–" if x is None else f"{x:.{p}f}"
+
+    for name, row in result["methods"].items():
+        tps = row["tokens_per_second"]
+        fp = row["forward_passes_per_token"]
+        lines.append(f"| {name} | {f(tps['median'], 1)} | {f(tps['min'], 1)}–{f(tps['max'], 1)} | "
+                     f"{f(row['acceptance_rate'])} | {f(row['mean_accepted_length'])} | {f(fp.get('target'))} | "
+                     f"{f(fp.get('draft'))} | {f(row['peak_memory_mb'], 0)} |")
+    lines += ["", "| ratio | value |", "|---|---|"] + [f"| {k} | {v:.3f} |" for k, v in result["ratios"].items()]
+    lines += ["", "| method | measured speedup vs ar | ideal | efficiency |", "|---|---|---|---|"]
+    lines += [f"| {k} | {f(v['measured_speedup'])} | {f(v['ideal_speedup'])} | {f(v['efficiency'])} |"
+              for k, v in result["efficiency"].items()]
+    return "\n".join(lines) + "\n"
+

@@ -1,0 +1,161 @@
+"""`viasd bench`: the benchmark on a pair and task of the study, and its sweeps.
+
+Outputs: reports/bench/<pair>-<task>.json (+ .md), and per sweep <pair>-<task>-sweep-<kind>.json,
+.md and .png (tokens/s and peak memory against gamma, generated length or prompt length).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from ..benchmark import BenchError, markdown, method_table, run_benchmark
+from ..config import Params
+from ..io import write_json, write_text
+from .dimr_stage import mask_paths
+from .thresholds_stage import threshold_paths
+
+log = logging.getLogger(__name__)
+SWEEPS = ("gamma", "length", "prompt")
+SWEEP_METHODS = ["hf_ar", "ar", "sd", "viasd"]
+
+
+def bench_paths(params: Params, pair: str, task: str, sweep: str | None = None) -> dict:
+    base = params.reports_dir / "bench"
+    stem = f"{pair}-{task}" + (f"-sweep-{sweep}" if sweep else "")
+    return {"json": base / f"{stem}.json", "md": base / f"{stem}.md", "png": base / f"{stem}.png"}
+
+
+def load_bench_models(params: Params, pair_name: str | None, device: str, dtype: str):
+    from ..models import load_models
+    from ..routing import RoutingMask, num_decoder_layers
+
+    pair = params.pair(pair_name)
+    models = load_models(pair.target, draft=pair.draft, device=device, dtype=dtype if dtype != "auto" else pair.dtype,
+                         trust_remote_code=pair.trust_remote_code)
+    mask = mask_paths(params, pair.name)["mask"]
+    if mask.exists():
+        models.add_mask(RoutingMask.from_json(mask, num_decoder_layers(models.target)))
+    return pair, models
+
+
+def bench_prompts(params: Params, task: str, n: int, length: int | None = None) -> list[list[int]]:
+    """`n` prompts of the task's test split; with `length`, windows of that many tokens from the test
+    corpus instead (the prompt-length sweep)."""
+    from ..tasks import load_examples
+
+    if length is None:
+        examples = load_examples(params.data.dir, task, "test")[:n]
+        from ..models import load_tokenizer
+
+        tokenizer = None
+        prompts = []
+        for e in examples:
+            if e.prompt_ids is None and tokenizer is None:
+                tokenizer = load_tokenizer(params.pair().target)
+            prompts.append(e.prompt_ids if e.prompt_ids is not None else tokenizer(e.prompt)["input_ids"])
+        return prompts
+    import pyarrow.parquet as pq
+
+    path = params.data.dir / "corpus" / "test.parquet"
+    if not path.exists():
+        raise BenchError(f"no test corpus at {path}: run `viasd prepare-data` first")
+    files = [ids for ids in pq.read_table(path).column("input_ids").to_pylist() if len(ids) > length]
+    if not files:
+        raise BenchError(f"no test file has more than {length} tokens for the prompt-length sweep")
+    return [files[i % len(files)][:length] for i in range(n)]
+
+
+def viasd_settings(params: Params, pair: str, task: str) -> dict:
+    """The tuned VIA-SD thresholds of the pair and task when they exist, else the policy defaults."""
+    path = threshold_paths(params, task, pair)["json"]
+    if not path.exists():
+        log.warning("no tuned thresholds at %s; viasd runs with default thresholds", path)
+        return {}
+    tuned = json.loads(path.read_text())
+    return {k: tuned[k] for k in ("gamma", "tau_accept", "tau_slim", "score", "confidence")}
+
+
+def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: list[str], prompts: int,
+                    max_new_tokens: int | None, repeats: int, gamma: int | None, device: str, dtype: str,
+                    progress: bool = True) -> dict:
+    pair, models = load_bench_models(params, pair_name, device, dtype)
+    gamma = gamma or params.raw["decode"]["gamma"]
+    max_new = max_new_tokens or params.tasks.get(task, {}).get("max_new_tokens", 128)
+    cascade = params.raw["decode"].get("spec_cascade") or {}
+    table = method_table(models, methods, gamma, max_new, viasd_settings(params, pair.name, task), cascade)
+    result = run_benchmark(models, bench_prompts(params, task, prompts), table, max_new, repeats, progress)
+    result.update({"pair": pair.name, "task": task, "prompts": prompts, "max_new_tokens": max_new, "gamma": gamma,
+                   "repeats": repeats, "device": str(next(models.target.parameters()).device),
+                   "dtype": str(next(models.target.parameters()).dtype), "slim_layers": (
+                       list(models.slims[0].mask.keep_layers) if models.slims else None)})
+    paths = bench_paths(params, pair.name, task)
+    write_text(paths["md"], markdown(result, f"viasd bench: {pair.name} on {task}, {prompts} prompts x {max_new} "
+                                              f"tokens, gamma {gamma}, {result['device']}"))
+    write_json(paths["json"], result)
+    return result
+
+
+def run_sweep(params: Params, pair_name: str | None, task: str, kind: str, values: list[int], prompts: int,
+              max_new_tokens: int | None, repeats: int, gamma: int | None, device: str, dtype: str,
+              methods: list[str] | None = None, progress: bool = True) -> dict:
+    """Tokens/s and peak memory of `methods` against one knob; a table, JSON and a plot."""
+    if kind not in SWEEPS:
+        raise BenchError(f"unknown sweep {kind!r}; choose from {', '.join(SWEEPS)}")
+    pair, models = load_bench_models(params, pair_name, device, dtype)
+    methods = [m for m in (methods or SWEEP_METHODS) if m not in ("cascade_sd", "viasd") or models.slims]
+    gamma = gamma or params.raw["decode"]["gamma"]
+    max_new = max_new_tokens or params.tasks.get(task, {}).get("max_new_tokens", 128)
+    viasd = viasd_settings(params, pair.name, task)
+    points = []
+    for value in values:
+        g, n_new, length = gamma, max_new, None
+        if kind == "gamma":
+            g = value
+        elif kind == "length":
+            n_new = value
+        else:
+            length = value
+        settings = replace_gamma(viasd, g) if kind == "gamma" else viasd
+        table = method_table(models, methods, g, n_new, settings, params.raw["decode"].get("spec_cascade") or {})
+        res = run_benchmark(models, bench_prompts(params, task, prompts, length), table, n_new, repeats, progress)
+        points.append({kind: value, **{name: {"tokens_per_second": row["tokens_per_second"]["median"],
+                                              "peak_memory_mb": row["peak_memory_mb"]}
+                                       for name, row in res["methods"].items()}})
+    out = {"pair": pair.name, "task": task, "sweep": kind, "values": values, "methods": methods, "points": points,
+           "gamma": gamma, "max_new_tokens": max_new, "prompts": prompts}
+    paths = bench_paths(params, pair.name, task, kind)
+    lines = [f"# {pair.name} on {task}: tokens/s (peak MB) vs {kind}\n", "| " + kind + " | " + " | ".join(methods) + " |",
+             "|---|" + "---|" * len(methods)]
+    for p in points:
+        lines.append(f"| {p[kind]} | " + " | ".join(f"{p[m]['tokens_per_second']:.1f} ({p[m]['peak_memory_mb'] or 0:.0f})"
+                                                      for m in methods) + " |")
+    write_text(paths["md"], "\n".join(lines) + "\n")
+    _sweep_plot(out, paths["png"])
+    write_json(paths["json"], out)
+    return out
+
+
+def replace_gamma(viasd: dict, gamma: int) -> dict:
+    return {**viasd, "gamma": gamma}
+
+
+def _sweep_plot(out: dict, path) -> None:
+    from ..search.plots import _pyplot, _save
+
+    plt = _pyplot()
+    kind = out["sweep"]
+    fig, (speed, mem) = plt.subplots(1, 2, figsize=(10, 4))
+    for m in out["methods"]:
+        xs = [p[kind] for p in out["points"]]
+        speed.plot(xs, [p[m]["tokens_per_second"] for p in out["points"]], marker="o", label=m)
+        mem.plot(xs, [p[m]["peak_memory_mb"] or 0 for p in out["points"]], marker="o", label=m)
+    for ax, label in ((speed, "tokens/s (median)"), (mem, "peak memory (MB)")):
+        ax.set_xlabel({"gamma": "gamma (draft block length)", "length": "generated tokens",
+                       "prompt": "prompt tokens"}[kind])
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    speed.legend(fontsize=8)
+    fig.suptitle(f"{out['pair']} on {out['task']}: cost vs {kind}", fontsize=10)
+    _save(fig, path)
+    plt.close(fig)
