@@ -95,3 +95,27 @@ def test_stop_string_cuts_like_the_reference(model_sets, tokenizer):
         assert full.token_ids[: len(cut.token_ids)] == cut.token_ids
         # the last token completes the stop string: without it the text has none
         assert stop not in tokenizer.decode(cut.token_ids[:-1])
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_static_cache_gives_the_same_tokens(model_sets, tokenizer, arch):
+    """The preallocated cache (policy.cache='static') is a speed option only: same tokens, same passes,
+    rollbacks included (overwritten in place)."""
+    models = model_sets(arch)
+    ids = tokenizer(PROMPTS[1])["input_ids"]
+    reference = hf_greedy(models, ids, N_NEW, None)
+    for method, kw in (("ar", {}), ("sd", {}), ("cascade_sd", {}), ("viasd", {"tau_accept": 1.2, "tau_slim": 0.5}),
+                       ("spec_cascade", {})):
+        dynamic = run(models, ids, method, 3, **kw)
+        static = run(models, ids, method, 3, cache="static", **kw)
+        assert static.token_ids == dynamic.token_ids, method
+        assert static.stats.passes == dynamic.stats.passes, method
+        if method in ("ar", "sd", "cascade_sd"):
+            assert static.token_ids == reference, method
+
+
+def test_static_cache_refuses_sliding_windows(model_sets, tokenizer):
+    from viasd.errors import PolicyError
+
+    with pytest.raises(PolicyError, match="does not support sliding-window"):
+        run(model_sets("gemma2"), tokenizer(PROMPTS[0])["input_ids"], "sd", 3, cache="static")

@@ -50,6 +50,7 @@ def _add_generate(sub) -> None:
     p.add_argument("--score", default="ratio", choices=sorted(SCORES))
     p.add_argument("--confidence", default="max_prob", choices=sorted(CONFIDENCES))
     p.add_argument("--max-lag", type=int, default=0, help="force a full-model catch-up above this lag (0 = never)")
+    p.add_argument("--cache", default="dynamic", choices=["dynamic", "static"], help="KV cache kind (static: preallocated)")
     p.add_argument("--rule", default="opt", choices=SPEC_CASCADE_RULES, help="spec_cascade deferral rule")
     p.add_argument("--alpha", type=float, default=0.1, help="spec_cascade lenience")
     p.add_argument("--gamma-slim", type=int, help="cascade_sd: slim-level tokens per full verification")
@@ -91,7 +92,7 @@ def _generate(args) -> int:
         method=args.method, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
         sampling=SamplingConfig(args.temperature, args.top_k, args.top_p), seed=args.seed,
         stop_strings=tuple(args.stop), score=args.score, confidence=args.confidence, max_lag=args.max_lag,
-        rule=args.rule, alpha=args.alpha, gamma_slim=args.gamma_slim, **tau,
+        cache=args.cache, rule=args.rule, alpha=args.alpha, gamma_slim=args.gamma_slim, **tau,
     )
     draft = args.draft if args.method != "ar" else None
     models = load_models(args.target, draft=draft, device=args.device, dtype=args.dtype,
@@ -212,6 +213,22 @@ def _add_decode(sub) -> None:
 
 def _decode(args) -> int:
     from .stages.decode_stage import decode_paths, run_decode_stage
+
+    params, pair, spec = _grid_cell(args)
+    summary = run_decode_stage(params, pair.name, args.task, spec.name, args.limit)
+    paths = decode_paths(params, pair.name, args.task, spec.name)
+    _track(args, params, "decode", f"decode/{pair.name}/{args.task}/{spec.name}",
+           {"policy": summary["policy"], "split": summary["split"], "examples": summary["examples"],
+            "slim": summary["slim"]},
+           _scalars(summary) | {f"passes.{k}": v for k, v in summary["passes"].items()},
+           _cell_tags(pair, args.task, spec), [paths["summary"]], inputs=_input_files(params, pair, args.task, spec.name))
+    print(json.dumps({k: summary[k] for k in ("pair", "task", "run", "examples", "new_tokens", "rejection_rate",
+                                              "acceptance_rate", "mean_accepted_length", "speedup_vs_ar")}))
+    return 0
+
+
+def _grid_cell(args):
+    """Parameters, pair and run of a `--pair/--task/--run` command."""
     from .stages.runs import parse_run
 
     params = _load_params(args)
@@ -219,18 +236,12 @@ def _decode(args) -> int:
         spec = parse_run(args.run)
     except ValueError as err:
         raise ViasdError(f"--run {err}") from None
-    pair = params.pair(args.pair)
-    summary = run_decode_stage(params, pair.name, args.task, spec.name, args.limit)
-    paths = decode_paths(params, pair.name, args.task, spec.name)
-    _track(args, params, "decode", f"decode/{pair.name}/{args.task}/{spec.name}",
-           {"policy": summary["policy"], "split": summary["split"], "examples": summary["examples"],
-            "slim": summary["slim"]},
-           _scalars(summary) | {f"passes.{k}": v for k, v in summary["passes"].items()},
-           {"pair": pair.name, "task": args.task, "method": spec.method, "ablation": spec.ablation or "none",
-            "run": spec.name}, [paths["summary"]], inputs=_input_files(params, pair, args.task, spec.name))
-    print(json.dumps({k: summary[k] for k in ("pair", "task", "run", "examples", "new_tokens", "rejection_rate",
-                                              "acceptance_rate", "mean_accepted_length", "speedup_vs_ar")}))
-    return 0
+    return params, params.pair(args.pair), spec
+
+
+def _cell_tags(pair, task: str, spec) -> dict:
+    return {"pair": pair.name, "task": task, "method": spec.method, "ablation": spec.ablation or "none",
+            "run": spec.name}
 
 
 def _input_files(params, pair, task: str, run: str | None = None) -> dict:
@@ -254,14 +265,8 @@ def _add_evaluate(sub) -> None:
 
 def _evaluate(args) -> int:
     from .stages.evaluate_stage import eval_path, run_evaluate_stage
-    from .stages.runs import parse_run
 
-    params = _load_params(args)
-    try:
-        spec = parse_run(args.run)
-    except ValueError as err:
-        raise ViasdError(f"--run {err}") from None
-    pair = params.pair(args.pair)
+    params, pair, spec = _grid_cell(args)
     out = run_evaluate_stage(params, pair.name, args.task, spec.name)
     _track(args, params, "evaluate", f"evaluate/{pair.name}/{args.task}/{spec.name}",
            {"policy": out["policy"], "split": out["split"], "examples": out["examples"]},
@@ -269,8 +274,7 @@ def _evaluate(args) -> int:
            | {f"passes.{k}": v for k, v in out["passes"].items()}
            | {f"accepted_by_tier.{k}": out[k] for k in ("accepted_direct", "accepted_slim", "accepted_full",
                                                         "regenerated_slim", "rejected_full")},
-           {"pair": pair.name, "task": args.task, "method": spec.method, "ablation": spec.ablation or "none",
-            "run": spec.name}, [eval_path(params, pair.name, args.task, spec.name)])
+           _cell_tags(pair, args.task, spec), [eval_path(params, pair.name, args.task, spec.name)])
     print(json.dumps({"run": spec.name, "quality": out["quality"], "speedup_vs_ar": out["speedup_vs_ar"]}))
     return 0
 
@@ -303,6 +307,8 @@ def _add_bench(sub) -> None:
     p.add_argument("--repeats", type=int, default=3, help="timed rounds after the warm-up round")
     p.add_argument("--gamma", type=int, help="draft block length (default: decode.gamma)")
     p.add_argument("--methods", default=",".join(HF + OURS), help="comma-separated, from: " + ", ".join(HF + OURS))
+    p.add_argument("--cache", default="dynamic", choices=["dynamic", "static"],
+                   help="KV cache of our methods: dynamic (grows by concatenation) or static (preallocated)")
     p.add_argument("--sweep", metavar="KIND=V1,V2,...",
                    help="scaling run instead: gamma=1,2,4,8 | length=64,128,256,512 | prompt=32,128,384")
     p.add_argument("--device", default="auto")
@@ -327,13 +333,14 @@ def _bench(args) -> int:
         if not numbers:
             raise ViasdError(f"--sweep {args.sweep}: give values, e.g. {kind or 'gamma'}=1,2,4")
         out = run_sweep(params, pair.name, args.task, kind, numbers, args.prompts, args.max_new_tokens, args.repeats,
-                        args.gamma, args.device, args.dtype, methods if args.methods != _add_bench_default() else None)
+                        args.gamma, args.device, args.dtype, methods if args.methods != _add_bench_default() else None,
+                        cache=args.cache)
         for point in out["points"]:
             print(json.dumps(point))
         print(bench_paths(params, pair.name, args.task, kind)["json"])
         return 0
     result = run_bench_stage(params, pair.name, args.task, methods, args.prompts, args.max_new_tokens, args.repeats,
-                             args.gamma, args.device, args.dtype)
+                             args.gamma, args.device, args.dtype, cache=args.cache)
     for name, row in result["methods"].items():
         tps = row["tokens_per_second"]
         print(f"{name:18s} {tps['median']:8.1f} tok/s  (min {tps['min']:.1f}, max {tps['max']:.1f})  "
@@ -342,7 +349,7 @@ def _bench(args) -> int:
                       "efficiency": {k: v["efficiency"] for k, v in result["efficiency"].items()}}))
     paths = bench_paths(params, pair.name, args.task)
     _track(args, params, "bench", f"bench/{pair.name}/{args.task}",
-           {k: result[k] for k in ("prompts", "max_new_tokens", "gamma", "repeats", "device", "dtype")},
+           {k: result[k] for k in ("prompts", "max_new_tokens", "gamma", "repeats", "device", "dtype", "cache")},
            {f"ratio.{k}": v for k, v in result["ratios"].items()}
            | {f"tokens_per_second.{k}": v["tokens_per_second"]["median"] for k, v in result["methods"].items()}
            | {f"efficiency.{k}": v["efficiency"] for k, v in result["efficiency"].items()},

@@ -74,10 +74,12 @@ class DecodeSession:
         def runner(name, model, new_cache):
             return ModelRunner(name, model, new_cache, vocab_size, policy.exact_timing)
 
-        self.target = runner("target", target, lambda: _dynamic_cache(target))
-        self.draft = runner("draft", draft, lambda: _dynamic_cache(draft)) if draft is not None else None
+        max_len = capacity if policy.cache == "static" else None
+        self.target = runner("target", target, lambda: model_cache(target, max_len))
+        self.draft = runner("draft", draft, lambda: model_cache(draft, max_len)) if draft is not None else None
         self.slims = [
-            runner("slim" if len(slims) == 1 else f"slim{k}", s.model, s.new_cache) for k, s in enumerate(slims)
+            runner("slim" if len(slims) == 1 else f"slim{k}", s.model, (lambda s=s: s.new_cache(max_len)))
+            for k, s in enumerate(slims)
         ]
         self.runners = [r for r in (self.draft, *self.slims, self.target) if r is not None]
         if policy.method == "viasd" and slims:
@@ -141,10 +143,16 @@ class DecodeSession:
         return DecodeResult(list(self.generated), stats)
 
 
-def _dynamic_cache(model: nn.Module):
-    from transformers import DynamicCache
+def model_cache(model: nn.Module, max_len: int | None = None):
+    """A DynamicCache, or with `max_len` a StaticCache preallocated for that many positions."""
+    from transformers import DynamicCache, StaticCache
 
-    return DynamicCache(config=model.config)
+    if max_len is None:
+        return DynamicCache(config=model.config)
+    cache = StaticCache(config=model.config, max_cache_len=max_len)
+    if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
+        raise PolicyError("cache='static' does not support sliding-window attention models; use the dynamic cache")
+    return cache
 
 
 def decode(prompt_ids: Sequence[int], policy: DecodePolicy, target: nn.Module, vocab_size: int,

@@ -13,10 +13,10 @@ class IndependentVerifier:
         self.model = model
         self.name = name
 
-    def new_cache(self):
-        from transformers import DynamicCache
+    def new_cache(self, max_len: int | None = None):
+        from .engine import model_cache
 
-        return DynamicCache(config=self.model.config)
+        return model_cache(self.model, max_len)
 
     def __call__(self, input_ids, cache=None, **kwargs):
         return self.model(input_ids=input_ids, cache=cache, **kwargs)

@@ -31,6 +31,9 @@ class DecodePolicy:
     slim verifier for the N-tier form; `inf` switches a tier off), `score`, `confidence`, `max_lag`
     (0 = never force a catch-up). `spec_cascade`: `rule`, `alpha`. `cascade_sd`: `gamma_slim`, the
     number of slim-level tokens collected before the full model verifies (default `2 * gamma`).
+    `cache`: `dynamic` (transformers' DynamicCache, grows by concatenation) or `static` (preallocated
+    for prompt + max_new_tokens + gamma + 1 positions; attention then spans the whole buffer, so it pays
+    off for long generations; not for sliding-window models).
     """
 
     method: str = "viasd"
@@ -49,6 +52,7 @@ class DecodePolicy:
     alpha: float = 0.1
     gamma_slim: int | None = None
     exact_timing: bool = True
+    cache: str = "dynamic"  # "static": preallocated KV caches (constant per-token cost, no torch.cat growth)
 
     def __post_init__(self):
         from .tiers import CONFIDENCES, SCORES
@@ -67,6 +71,8 @@ class DecodePolicy:
             raise PolicyError(f"unknown spec_cascade rule {self.rule!r}; choose one of {', '.join(SPEC_CASCADE_RULES)}")
         if not self.alpha >= 0:
             raise PolicyError(f"alpha (lenience) must be >= 0, got {self.alpha}")
+        if self.cache not in ("dynamic", "static"):
+            raise PolicyError(f"cache must be 'dynamic' or 'static', got {self.cache!r}")
         if self.max_lag < 0:
             raise PolicyError(f"max_lag must be >= 0 (0 = never force a catch-up), got {self.max_lag}")
         if self.gamma_slim is not None and self.gamma_slim < 1:

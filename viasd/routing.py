@@ -210,8 +210,16 @@ class SlimVerifier:
         """
         return self.model(input_ids=input_ids, cache=self.new_cache() if cache is None else cache, **kwargs)
 
-    def new_cache(self) -> RoutedCache:
-        return RoutedCache(self.target.config, self.mask.keep_layers)
+    def new_cache(self, max_len: int | None = None):
+        """The target's cache layout with dummy slots for dropped layers (static when `max_len` is given)."""
+        if max_len is None:
+            return RoutedCache(self.target.config, self.mask.keep_layers)
+        from .engine import model_cache
+
+        cache = model_cache(self.target, max_len)
+        keep = set(self.mask.keep_layers)
+        cache.layers = [layer if i in keep else DummyLayer() for i, layer in enumerate(cache.layers)]
+        return cache
 
     @property
     def name(self) -> str:

@@ -78,15 +78,15 @@ def viasd_settings(params: Params, pair: str, task: str) -> dict:
 
 def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: list[str], prompts: int,
                     max_new_tokens: int | None, repeats: int, gamma: int | None, device: str, dtype: str,
-                    progress: bool = True) -> dict:
+                    progress: bool = True, cache: str = "dynamic") -> dict:
     pair, models = load_bench_models(params, pair_name, device, dtype)
     gamma = gamma or params.raw["decode"]["gamma"]
     max_new = max_new_tokens or params.tasks.get(task, {}).get("max_new_tokens", 128)
     cascade = params.raw["decode"].get("spec_cascade") or {}
-    table = method_table(models, methods, gamma, max_new, viasd_settings(params, pair.name, task), cascade)
+    table = method_table(models, methods, gamma, max_new, viasd_settings(params, pair.name, task), cascade, cache)
     result = run_benchmark(models, bench_prompts(params, task, prompts), table, max_new, repeats, progress)
     result.update({"pair": pair.name, "task": task, "prompts": prompts, "max_new_tokens": max_new, "gamma": gamma,
-                   "repeats": repeats, "device": str(next(models.target.parameters()).device),
+                   "repeats": repeats, "cache": cache, "device": str(next(models.target.parameters()).device),
                    "dtype": str(next(models.target.parameters()).dtype), "slim_layers": (
                        list(models.slims[0].mask.keep_layers) if models.slims else None)})
     paths = bench_paths(params, pair.name, task)
@@ -98,7 +98,7 @@ def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: l
 
 def run_sweep(params: Params, pair_name: str | None, task: str, kind: str, values: list[int], prompts: int,
               max_new_tokens: int | None, repeats: int, gamma: int | None, device: str, dtype: str,
-              methods: list[str] | None = None, progress: bool = True) -> dict:
+              methods: list[str] | None = None, progress: bool = True, cache: str = "dynamic") -> dict:
     """Tokens/s and peak memory of `methods` against one knob; a table, JSON and a plot."""
     if kind not in SWEEPS:
         raise BenchError(f"unknown sweep {kind!r}; choose from {', '.join(SWEEPS)}")
@@ -117,12 +117,12 @@ def run_sweep(params: Params, pair_name: str | None, task: str, kind: str, value
         else:
             length = value
         settings = replace_gamma(viasd, g) if kind == "gamma" else viasd
-        table = method_table(models, methods, g, n_new, settings, params.raw["decode"].get("spec_cascade") or {})
+        table = method_table(models, methods, g, n_new, settings, params.raw["decode"].get("spec_cascade") or {}, cache)
         res = run_benchmark(models, bench_prompts(params, task, prompts, length), table, n_new, repeats, progress)
         points.append({kind: value, **{name: {"tokens_per_second": row["tokens_per_second"]["median"],
                                               "peak_memory_mb": row["peak_memory_mb"]}
                                        for name, row in res["methods"].items()}})
-    out = {"pair": pair.name, "task": task, "sweep": kind, "values": values, "methods": methods, "points": points,
+    out = {"pair": pair.name, "task": task, "sweep": kind, "cache": cache, "values": values, "methods": methods, "points": points,
            "gamma": gamma, "max_new_tokens": max_new, "prompts": prompts}
     paths = bench_paths(params, pair.name, task, kind)
     lines = [f"# {pair.name} on {task}: tokens/s (peak MB) vs {kind}\n", "| " + kind + " | " + " | ".join(methods) + " |",

@@ -61,7 +61,7 @@ def run_policy(params: Params, pair: str, task: str, run: str | RunSpec) -> Deco
     cascade = section.get("spec_cascade") or {}
     fields = {"method": spec.method, "gamma": section["gamma"], "gamma_slim": section.get("gamma_slim"),
               "rule": cascade.get("rule", "opt"), "alpha": cascade.get("alpha", 0.1),
-              "max_lag": section.get("max_lag", 0), "seed": params.seed,
+              "max_lag": section.get("max_lag", 0), "seed": params.seed, "cache": section.get("cache", "dynamic"),
               "max_new_tokens": params.tasks.get(task, {}).get("max_new_tokens", 128)}
     if spec.method == "viasd":
         tuned = _read_json(run_inputs(params, pair, task, spec)["thresholds"], "the tuned thresholds")
