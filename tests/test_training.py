@@ -175,6 +175,10 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     sweep = json.loads(bench_paths(params, "smoke", "stdlib_continuation", "gamma")["json"].read_text())
     assert [p["gamma"] for p in sweep["points"]] == [1, 2] and "sd" in sweep["points"][0]
     assert bench_paths(params, "smoke", "stdlib_continuation", "gamma")["png"].exists()
+    assert main(["bench", *base, "--prompts", "1", "--repeats", "1", "--sweep", "position=8,16", "--cache", "static"]) == 0
+    position = json.loads(bench_paths(params, "smoke", "stdlib_continuation", "position")["json"].read_text())
+    assert set(position["last_vs_first"]) == {"hf_ar", "ar"} and position["cache"] == "static"
+    assert all(p["ar"]["ms_per_token"] > 0 for p in position["points"])
     capsys.readouterr()
     assert main(["bench", *base, "--sweep", "depth=1,2"]) == 2
     assert "unknown sweep 'depth'" in capsys.readouterr().err

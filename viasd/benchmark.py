@@ -214,6 +214,36 @@ def run_benchmark(models: ModelSet, prompts: list[list[int]], methods: list[Benc
     return summarise(methods, seconds, n_tokens, stats, counts, memory)
 
 
+def per_token_seconds(models: ModelSet, methods: list[BenchMethod], prompts: list[list[int]], steps: int = 32,
+                      repeats: int = 3) -> dict[str, float]:
+    """Seconds per generated token at the prompts' length, prefill excluded: per method, the median
+    over rounds of `(t(1 + steps tokens) - t(1 token)) / steps`, rounds alternating the method order."""
+    device = next(models.target.parameters()).device
+    long_runs = {m.name: _runner(models, _with_length(m, steps + 1), steps + 1) for m in methods}
+    short_runs = {m.name: _runner(models, _with_length(m, 1), 1) for m in methods}
+    for m in methods:  # warm-up
+        long_runs[m.name](prompts[0])
+    samples: dict[str, list[float]] = {m.name: [] for m in methods}
+    for r in range(repeats):
+        for m in (methods if r % 2 == 0 else list(reversed(methods))):
+            times = []
+            for run in (short_runs[m.name], long_runs[m.name]):
+                _sync(device)
+                start = time.perf_counter()
+                for prompt in prompts:
+                    run(prompt)
+                _sync(device)
+                times.append(time.perf_counter() - start)
+            samples[m.name].append((times[1] - times[0]) / (steps * len(prompts)))
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def _with_length(method: BenchMethod, n: int) -> BenchMethod:
+    if method.policy is None:
+        return method
+    return replace(method, policy=replace(method.policy, max_new_tokens=n, exact_timing=False))
+
+
 def _ideal(stats: DecodeStats, step_cost: float) -> float | None:
     model_time = sum(stats.time_s.values())
     return stats.new_tokens * step_cost / model_time if model_time else None

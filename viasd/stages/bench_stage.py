@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 import logging
 
-from ..benchmark import BenchError, markdown, method_table, run_benchmark
+from ..benchmark import BenchError, markdown, method_table, per_token_seconds, run_benchmark
 from ..config import Params
 from ..io import write_json, write_text
 from .dimr_stage import mask_paths
 from .thresholds_stage import threshold_paths
 
 log = logging.getLogger(__name__)
-SWEEPS = ("gamma", "length", "prompt")
+SWEEPS = ("gamma", "length", "prompt", "position")
 SWEEP_METHODS = ["hf_ar", "ar", "sd", "viasd"]
 
 
@@ -99,15 +99,24 @@ def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: l
 def run_sweep(params: Params, pair_name: str | None, task: str, kind: str, values: list[int], prompts: int,
               max_new_tokens: int | None, repeats: int, gamma: int | None, device: str, dtype: str,
               methods: list[str] | None = None, progress: bool = True, cache: str = "dynamic") -> dict:
-    """Tokens/s and peak memory of `methods` against one knob; a table, JSON and a plot."""
+    """Tokens/s and peak memory of `methods` against one knob (or, for `position`, milliseconds per
+    generated token with that many tokens already in the cache); a table, JSON and a plot."""
     if kind not in SWEEPS:
         raise BenchError(f"unknown sweep {kind!r}; choose from {', '.join(SWEEPS)}")
     pair, models = load_bench_models(params, pair_name, device, dtype)
-    methods = [m for m in (methods or SWEEP_METHODS) if m not in ("cascade_sd", "viasd") or models.slims]
+    default = ["hf_ar", "ar"] if kind == "position" else SWEEP_METHODS
+    methods = [m for m in (methods or default) if m not in ("cascade_sd", "viasd") or models.slims]
     gamma = gamma or params.raw["decode"]["gamma"]
     max_new = max_new_tokens or params.tasks.get(task, {}).get("max_new_tokens", 128)
     viasd = viasd_settings(params, pair.name, task)
     points = []
+    if kind == "position":
+        table = method_table(models, methods, gamma, max_new, viasd, params.raw["decode"].get("spec_cascade") or {},
+                             cache)
+        for value in values:
+            ms = per_token_seconds(models, table, bench_prompts(params, task, prompts, value), repeats=repeats)
+            points.append({kind: value, **{name: {"ms_per_token": 1000 * sec} for name, sec in ms.items()}})
+        return _write_sweep(params, pair.name, task, kind, values, methods, points, gamma, max_new, prompts, cache)
     for value in values:
         g, n_new, length = gamma, max_new, None
         if kind == "gamma":
@@ -122,14 +131,22 @@ def run_sweep(params: Params, pair_name: str | None, task: str, kind: str, value
         points.append({kind: value, **{name: {"tokens_per_second": row["tokens_per_second"]["median"],
                                               "peak_memory_mb": row["peak_memory_mb"]}
                                        for name, row in res["methods"].items()}})
-    out = {"pair": pair.name, "task": task, "sweep": kind, "cache": cache, "values": values, "methods": methods, "points": points,
-           "gamma": gamma, "max_new_tokens": max_new, "prompts": prompts}
-    paths = bench_paths(params, pair.name, task, kind)
-    lines = [f"# {pair.name} on {task}: tokens/s (peak MB) vs {kind}\n", "| " + kind + " | " + " | ".join(methods) + " |",
+    return _write_sweep(params, pair.name, task, kind, values, methods, points, gamma, max_new, prompts, cache)
+
+
+def _write_sweep(params, pair, task, kind, values, methods, points, gamma, max_new, prompts, cache) -> dict:
+    out = {"pair": pair, "task": task, "sweep": kind, "cache": cache, "values": values, "methods": methods,
+           "points": points, "gamma": gamma, "max_new_tokens": max_new, "prompts": prompts}
+    if kind == "position" and len(points) > 1:
+        out["last_vs_first"] = {m: points[-1][m]["ms_per_token"] / points[0][m]["ms_per_token"] for m in methods}
+    paths = bench_paths(params, pair, task, kind)
+    unit = "ms per token" if kind == "position" else "tokens/s (peak MB)"
+    lines = [f"# {pair} on {task}: {unit} vs {kind}\n", "| " + kind + " | " + " | ".join(methods) + " |",
              "|---|" + "---|" * len(methods)]
     for p in points:
-        lines.append(f"| {p[kind]} | " + " | ".join(f"{p[m]['tokens_per_second']:.1f} ({p[m]['peak_memory_mb'] or 0:.0f})"
-                                                      for m in methods) + " |")
+        cells = [f"{p[m]['ms_per_token']:.2f}" if kind == "position" else
+                 f"{p[m]['tokens_per_second']:.1f} ({p[m]['peak_memory_mb'] or 0:.0f})" for m in methods]
+        lines.append(f"| {p[kind]} | " + " | ".join(cells) + " |")
     write_text(paths["md"], "\n".join(lines) + "\n")
     _sweep_plot(out, paths["png"])
     write_json(paths["json"], out)
@@ -145,14 +162,20 @@ def _sweep_plot(out: dict, path) -> None:
 
     plt = _pyplot()
     kind = out["sweep"]
-    fig, (speed, mem) = plt.subplots(1, 2, figsize=(10, 4))
+    position = kind == "position"
+    fig, axes = plt.subplots(1, 1 if position else 2, figsize=(5 if position else 10, 4), squeeze=False)
+    speed, mem = axes[0][0], (None if position else axes[0][1])
     for m in out["methods"]:
         xs = [p[kind] for p in out["points"]]
-        speed.plot(xs, [p[m]["tokens_per_second"] for p in out["points"]], marker="o", label=m)
-        mem.plot(xs, [p[m]["peak_memory_mb"] or 0 for p in out["points"]], marker="o", label=m)
-    for ax, label in ((speed, "tokens/s (median)"), (mem, "peak memory (MB)")):
+        speed.plot(xs, [p[m]["ms_per_token" if position else "tokens_per_second"] for p in out["points"]],
+                   marker="o", label=m)
+        if mem is not None:
+            mem.plot(xs, [p[m]["peak_memory_mb"] or 0 for p in out["points"]], marker="o", label=m)
+    panels = [(speed, "ms per token" if position else "tokens/s (median)")]
+    panels += [] if mem is None else [(mem, "peak memory (MB)")]
+    for ax, label in panels:
         ax.set_xlabel({"gamma": "gamma (draft block length)", "length": "generated tokens",
-                       "prompt": "prompt tokens"}[kind])
+                       "prompt": "prompt tokens", "position": "tokens in the cache"}[kind])
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     speed.legend(fontsize=8)

@@ -104,7 +104,9 @@ def run_report_stage(params: Params) -> dict:
         table = markdown_table(rows, quality_keys)
         write_text(paths[f"{key}.md"], f"# {pair} on {task}\n\n{table}")
         write_text(paths[f"{key}.csv"], csv_table(rows))
-        main_quality = next((k for k in quality_keys if k not in ("agreement", "nll")), "agreement")
+        # the task's own metric on the frontier, unless it does not vary over the runs (e.g. pass@1 = 0)
+        main_quality = next((k for k in quality_keys if k not in ("agreement", "nll")
+                             and len({e["quality"].get(k) for e in evals}) > 1), "agreement")
         frontier(evals, main_quality, paths[f"{key}-frontier"], f"{pair} on {task}: speed vs {main_quality}")
         tier_breakdown(evals, paths[f"{key}-tiers"], f"{pair} on {task}: how verified positions were settled")
         summary += [f"## {pair} on {task}\n", table,
