@@ -46,16 +46,19 @@ def tier_breakdown(rows: list[dict], path: Path, title: str) -> None:
     """Per run, the share of verified positions settled by each tier (stacked bars), with full-model
     passes per generated token on a second axis."""
     plt = _pyplot()
-    rows = [r for r in rows if r.get("verified")]
+    # shares of all tier decisions (cascade_sd's slim-hop rejections are decisions on another level, so a
+    # bar is normalised by its own total rather than by the full model's verified positions)
+    rows = [r for r in rows if sum(r.get(key, 0) for key, _, _ in TIER_PARTS)]
     fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(rows) + 2), 4.5))
     names = [r["run"] for r in rows]
+    totals = [sum(r.get(key, 0) for key, _, _ in TIER_PARTS) for r in rows]
     bottom = [0.0] * len(rows)
     for key, label, colour in TIER_PARTS:
-        shares = [r.get(key, 0) / r["verified"] for r in rows]
+        shares = [r.get(key, 0) / total for r, total in zip(rows, totals)]
         if any(shares):
             ax.bar(names, shares, bottom=bottom, color=colour, label=label, width=0.7)
             bottom = [b + s for b, s in zip(bottom, shares)]
-    ax.set_ylabel("share of verified positions")
+    ax.set_ylabel("share of tier decisions")
     ax.set_title(title, fontsize=10)
     ax.tick_params(axis="x", labelrotation=60, labelsize=7)
     passes = ax.twinx()
