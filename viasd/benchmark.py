@@ -6,12 +6,13 @@ lossless methods and `hf_ar` must produce the same tokens on every prompt, else 
 Then `repeats` rounds run every method over all prompts, the order reversed every other round,
 after a warm-up round; a method's tokens/s per round is its tokens over its wall time.
 
-Ideal speedup (DESIGN.md §2.1, generalised to any pass mix): with the measured per-pass cost `c_m`
-of each model in the method's own run and its pass counts `P_m`, a zero-overhead engine would
-spend `sum_m P_m c_m` on `N` tokens, against `N * c_step` for `ar` (`c_step` = the target's mean
-pass cost in the `ar` run). `ideal = N c_step / sum_m P_m c_m`; `efficiency = measured / ideal`
-(1.0 = no time outside the model passes). For `sd` the paper's closed form
-`(1 - a^(g+1)) / ((1 - a)(g c + 1))` with the measured acceptance `a` is reported beside it.
+Ideal speedup (DESIGN.md §2.1, generalised to any pass mix): a method whose engine spent nothing
+outside its model passes would need `sum_m P_m c_m` seconds for its `N` tokens (`P_m` passes of
+model `m` at the measured mean cost `c_m`, from its own run); against the measured `ar` time per
+token `t_ar`, `ideal = t_ar N / sum_m P_m c_m`, and `efficiency = measured / ideal` is the share
+of the method's wall time spent in model passes (1.0 = no engine overhead). For `sd` the paper's
+closed form `(1 - a^(g+1)) / ((1 - a)(g c + 1))` with the measured acceptance `a` (verify pass
+costed as one target step) is reported beside it.
 
 Pure library code: models and prompts in, a JSON-ready dict out (no files, no tracking).
 """
@@ -170,7 +171,9 @@ def run_benchmark(models: ModelSet, prompts: list[list[int]], methods: list[Benc
     counts: dict[str, dict] = {}
     memory: dict[str, float | None] = {}
     modules = {"draft": models.draft, "target": models.target}
-    # round 0: outputs, statistics, pass counts and memory (also the warm-up)
+    for method in methods:  # warm-up: lazy initialisation, allocator, caches
+        runners[method.name](prompts[0])
+    # round 0: outputs, statistics, per-model times, pass counts and memory
     for method in tqdm(methods, desc="bench: check outputs", disable=not progress, leave=False):
         counter = PassCounter(modules)
         outs, parts = [], []
@@ -244,9 +247,9 @@ def _with_length(method: BenchMethod, n: int) -> BenchMethod:
     return replace(method, policy=replace(method.policy, max_new_tokens=n, exact_timing=False))
 
 
-def _ideal(stats: DecodeStats, step_cost: float) -> float | None:
+def _ideal(stats: DecodeStats, ar_seconds_per_token: float) -> float | None:
     model_time = sum(stats.time_s.values())
-    return stats.new_tokens * step_cost / model_time if model_time else None
+    return stats.new_tokens * ar_seconds_per_token / model_time if model_time else None
 
 
 def summarise(methods, seconds, n_tokens, stats, counts, memory) -> dict:
@@ -280,11 +283,11 @@ def summarise(methods, seconds, n_tokens, stats, counts, memory) -> dict:
               "hf_assisted_vs_hf_ar": ratio(best_hf_assisted, "hf_ar") if best_hf_assisted else None}
     efficiency = {}
     ar = stats.get("ar")
-    if ar is not None and ar.passes.get("target"):
+    if ar is not None and ar.passes.get("target") and "ar" in med:
         step = ar.time_s["target"] / ar.passes["target"]
         for name in ("sd", "cascade_sd", "spec_cascade", "viasd"):
-            if name in stats and "ar" in med:
-                ideal = _ideal(stats[name], step)
+            if name in stats:
+                ideal = _ideal(stats[name], 1.0 / med["ar"])
                 measured = med[name] / med["ar"]
                 entry = {"measured_speedup": measured, "ideal_speedup": ideal,
                          "efficiency": measured / ideal if ideal else None}
