@@ -167,6 +167,10 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     assert result["methods"]["hf_ar"]["forward_passes_per_token"]["target"] == pytest.approx(1.0)
     sd, viasd = result["methods"]["sd"]["forward_passes_per_token"], result["methods"]["viasd"]["forward_passes_per_token"]
     assert viasd["slim"] > 0 and "slim" not in sd  # the slim view's passes are its own, not the target's
+    fixed = result["methods"]["hf_assisted_fixed"]["forward_passes_per_token"]
+    # a fixed schedule drafts gamma=3 tokens per round whatever the draft's confidence (fewer only near the
+    # end), where the default schedule stops at the first unconfident token
+    assert fixed["draft"] >= 2 * fixed["target"]
     assert {"ar_vs_hf_ar", "sd_vs_hf_assisted", "sd_vs_ar", "viasd_vs_sd", "viasd_vs_ar"} <= set(result["ratios"])
     assert set(result["efficiency"]) == {"sd", "cascade_sd", "spec_cascade", "viasd"}
     assert all({"measured_speedup", "ideal_speedup", "efficiency"} <= set(v) for v in result["efficiency"].values())

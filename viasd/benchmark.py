@@ -19,6 +19,7 @@ Pure library code: models and prompts in, a JSON-ready dict out (no files, no tr
 
 from __future__ import annotations
 
+import copy
 import logging
 import statistics
 import time
@@ -107,18 +108,30 @@ def hf_generate(models: ModelSet, max_new_tokens: int, assistant: bool, assistan
     """`prompt ids -> new ids` through `transformers`' own generate (greedy, no EOS stop)."""
     from transformers import GenerationConfig
 
-    extra = {}
-    if assistant_tokens is not None:
-        extra = {"num_assistant_tokens": assistant_tokens, "num_assistant_tokens_schedule": "constant"}
     config = GenerationConfig(max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=False, eos_token_id=None,
-                              pad_token_id=0, use_cache=True, **extra)
+                              pad_token_id=0, use_cache=True)
     device = next(models.target.parameters()).device
+    assistant_config = None
+    if assistant and assistant_tokens is not None:
+        # transformers reads the draft schedule from the *assistant's* generation config: a copy with
+        # `assistant_tokens` per round, constant, and no confidence-based early stop
+        assistant_config = copy.deepcopy(models.draft.generation_config)
+        assistant_config.num_assistant_tokens = assistant_tokens
+        assistant_config.num_assistant_tokens_schedule = "constant"
+        assistant_config.assistant_confidence_threshold = 0.0
 
     @torch.inference_mode()
     def run(prompt: list[int]) -> list[int]:
         ids = torch.tensor([prompt], device=device)
         kwargs = {"assistant_model": models.draft} if assistant else {}
-        out = models.target.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config, **kwargs)
+        own = models.draft.generation_config if assistant else None
+        if assistant_config is not None:
+            models.draft.generation_config = assistant_config
+        try:
+            out = models.target.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config, **kwargs)
+        finally:
+            if own is not None:
+                models.draft.generation_config = own
         return out[0, len(prompt):].tolist()
 
     return run
