@@ -3,7 +3,6 @@ resumes exactly after being killed, and distils the draft from the target."""
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys

@@ -76,13 +76,9 @@ def snakemake_jobs(cwd: Path, extra: list[str] = ()) -> dict[str, dict]:
         field = re.match(r"^\s+(input|output): (.*)$", line)
         if field:
             current["inputs" if field.group(1) == "input" else "outputs"] = {p.strip() for p in field.group(2).split(",")}
-        elif line.startswith("    ") and "viasd " in line and current["rule"] != "all":
-            jobs[viasd_command(line.strip())] = current
+        elif line.startswith("Shell command:") and "viasd " in line:
+            jobs[viasd_command(line.split(":", 1)[1])] = current
             current = None
-        elif line.startswith("Shell command:") or not line.strip():
-            if line.startswith("Shell command:") and "viasd " in line:
-                jobs[viasd_command(line.split(":", 1)[1])] = current
-                current = None
     return jobs
 
 

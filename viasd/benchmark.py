@@ -188,7 +188,8 @@ def run_benchmark(models: ModelSet, prompts: list[list[int]], methods: list[Benc
         runners[method.name](prompts[0])
     # round 0: outputs, statistics, per-model times, pass counts and memory
     for method in tqdm(methods, desc="bench: check outputs", disable=not progress, leave=False):
-        counter = PassCounter(modules)
+        # transformers' passes are counted by hooks; ours by the engine itself
+        counter = PassCounter(modules) if method.policy is None else None
         outs, parts = [], []
         with PeakMemory(device) as peak:
             for prompt in prompts:
@@ -198,9 +199,10 @@ def run_benchmark(models: ModelSet, prompts: list[list[int]], methods: list[Benc
                     parts.append(result.stats)
                 else:
                     outs.append(result)
-        counter.close()
         tokens[method.name], memory[method.name] = outs, peak.mb
-        counts[method.name] = dict(counter.counts)
+        if counter is not None:
+            counter.close()
+            counts[method.name] = dict(counter.counts)
         if parts:
             stats[method.name] = DecodeStats.merge(parts)
     reference = next((n for n in ("hf_ar", "ar") if n in tokens), None)
@@ -272,7 +274,7 @@ def summarise(methods, seconds, n_tokens, stats, counts, memory) -> dict:
         s = stats.get(m.name)
         # ours: the engine's own pass counts (a routed slim view shares the target's modules, hooks
         # included, so hook counts would mix them); transformers: forward hooks on the two models
-        passes = {"draft": 0, **s.passes} if s is not None else counts[m.name]
+        passes = {"draft": 0, **s.passes} if s is not None else counts[m.name]  # see run_benchmark
         row = {"tokens_per_second": {"median": statistics.median(rates), "min": min(rates), "max": max(rates),
                                      "rounds": rates},
                "peak_memory_mb": memory[m.name],

@@ -27,34 +27,25 @@ def bench_paths(params: Params, pair: str, task: str, sweep: str | None = None) 
 
 
 def load_bench_models(params: Params, pair_name: str | None, device: str, dtype: str):
+    """The pair, with its DIMR mask as slim verifier when the search has run."""
     from ..models import load_models
-    from ..routing import RoutingMask, num_decoder_layers
 
     pair = params.pair(pair_name)
-    models = load_models(pair.target, draft=pair.draft, device=device, dtype=dtype if dtype != "auto" else pair.dtype,
-                         trust_remote_code=pair.trust_remote_code)
     mask = mask_paths(params, pair.name)["mask"]
-    if mask.exists():
-        models.add_mask(RoutingMask.from_json(mask, num_decoder_layers(models.target)))
+    models = load_models(pair.target, draft=pair.draft, masks=[mask] if mask.exists() else [], device=device,
+                         dtype=dtype if dtype != "auto" else pair.dtype, trust_remote_code=pair.trust_remote_code)
     return pair, models
 
 
-def bench_prompts(params: Params, task: str, n: int, length: int | None = None) -> list[list[int]]:
-    """`n` prompts of the task's test split; with `length`, windows of that many tokens from the test
-    corpus instead (the prompt-length sweep)."""
+def bench_prompts(params: Params, models, task: str, n: int, length: int | None = None) -> list[list[int]]:
+    """`n` prompts of the task's test split, token ids from the benchmarked pair's tokenizer (or the
+    stored ids of prompts cut from a token stream); with `length`, windows of that many tokens from the
+    test corpus instead (the prompt-length sweep)."""
     from ..tasks import load_examples
 
     if length is None:
         examples = load_examples(params.data.dir, task, "test")[:n]
-        from ..models import load_tokenizer
-
-        tokenizer = None
-        prompts = []
-        for e in examples:
-            if e.prompt_ids is None and tokenizer is None:
-                tokenizer = load_tokenizer(params.pair().target)
-            prompts.append(e.prompt_ids if e.prompt_ids is not None else tokenizer(e.prompt)["input_ids"])
-        return prompts
+        return [e.prompt_ids if e.prompt_ids is not None else models.encode(e.prompt) for e in examples]
     import pyarrow.parquet as pq
 
     path = params.data.dir / "corpus" / "test.parquet"
@@ -84,7 +75,7 @@ def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: l
     max_new = max_new_tokens or params.tasks.get(task, {}).get("max_new_tokens", 128)
     cascade = params.raw["decode"].get("spec_cascade") or {}
     table = method_table(models, methods, gamma, max_new, viasd_settings(params, pair.name, task), cascade, cache)
-    result = run_benchmark(models, bench_prompts(params, task, prompts), table, max_new, repeats, progress)
+    result = run_benchmark(models, bench_prompts(params, models, task, prompts), table, max_new, repeats, progress)
     result.update({"pair": pair.name, "task": task, "prompts": prompts, "max_new_tokens": max_new, "gamma": gamma,
                    "repeats": repeats, "cache": cache, "device": str(next(models.target.parameters()).device),
                    "dtype": str(next(models.target.parameters()).dtype), "slim_layers": (
@@ -114,7 +105,7 @@ def run_sweep(params: Params, pair_name: str | None, task: str, kind: str, value
         table = method_table(models, methods, gamma, max_new, viasd, params.raw["decode"].get("spec_cascade") or {},
                              cache)
         for value in values:
-            ms = per_token_seconds(models, table, bench_prompts(params, task, prompts, value), repeats=repeats)
+            ms = per_token_seconds(models, table, bench_prompts(params, models, task, prompts, value), repeats=repeats)
             points.append({kind: value, **{name: {"ms_per_token": 1000 * sec} for name, sec in ms.items()}})
         return _write_sweep(params, pair.name, task, kind, values, methods, points, gamma, max_new, prompts, cache)
     for value in values:
@@ -125,9 +116,9 @@ def run_sweep(params: Params, pair_name: str | None, task: str, kind: str, value
             n_new = value
         else:
             length = value
-        settings = replace_gamma(viasd, g) if kind == "gamma" else viasd
+        settings = {**viasd, "gamma": g} if kind == "gamma" else viasd
         table = method_table(models, methods, g, n_new, settings, params.raw["decode"].get("spec_cascade") or {}, cache)
-        res = run_benchmark(models, bench_prompts(params, task, prompts, length), table, n_new, repeats, progress)
+        res = run_benchmark(models, bench_prompts(params, models, task, prompts, length), table, n_new, repeats, progress)
         points.append({kind: value, **{name: {"tokens_per_second": row["tokens_per_second"]["median"],
                                               "peak_memory_mb": row["peak_memory_mb"]}
                                        for name, row in res["methods"].items()}})
@@ -151,10 +142,6 @@ def _write_sweep(params, pair, task, kind, values, methods, points, gamma, max_n
     _sweep_plot(out, paths["png"])
     write_json(paths["json"], out)
     return out
-
-
-def replace_gamma(viasd: dict, gamma: int) -> dict:
-    return {**viasd, "gamma": gamma}
 
 
 def _sweep_plot(out: dict, path) -> None:

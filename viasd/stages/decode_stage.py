@@ -76,19 +76,17 @@ def run_policy(params: Params, pair: str, task: str, run: str | RunSpec) -> Deco
 def load_run_models(params: Params, pair: Pair, spec: RunSpec, inputs: dict):
     """Target + draft of the pair, and the run's slim verifier (a routed mask or the independent model)."""
     from ..models import load_models
-    from ..routing import RoutingMask, num_decoder_layers
 
-    draft = pair.draft if spec.method != "ar" else None
-    models = load_models(pair.target, draft=draft, device=params.device, dtype=pair.dtype,
-                         trust_remote_code=pair.trust_remote_code)
     if "mask" in inputs:
-        _read_json(inputs["mask"], "the routing mask")
-        models.add_mask(RoutingMask.from_json(inputs["mask"], num_decoder_layers(models.target)))
+        _read_json(inputs["mask"], "the routing mask")  # a missing mask names the stage that writes it
+    independent = None
     if spec.routed and spec.ablation == "independent":
         if not pair.independent:
             raise StudyInputError(f"pair {pair.name} has no independent model (models.hub_pairs.{pair.name}.independent)")
-        models.add_independent_from(pair.independent, params.device, pair.dtype, pair.trust_remote_code)
-    return models
+        independent = pair.independent
+    return load_models(pair.target, draft=pair.draft if spec.method != "ar" else None,
+                       masks=[inputs["mask"]] if "mask" in inputs else [], device=params.device, dtype=pair.dtype,
+                       trust_remote_code=pair.trust_remote_code, independent=independent)
 
 
 def run_decode_stage(params: Params, pair_name: str, task: str, run: str, limit: int | None = None,

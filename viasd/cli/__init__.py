@@ -1,0 +1,54 @@
+"""`viasd` command line: one thin subcommand per stage. Library errors a user can cause
+(`ViasdError`) are printed as one line, `viasd: error: ...`, with exit status 2."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from ..errors import ViasdError
+from .bench import _add_bench
+from .generate import _add_generate
+from .stages import (
+    _add_decode,
+    _add_dimr_search,
+    _add_evaluate,
+    _add_prepare_data,
+    _add_report,
+    _add_resolve_params,
+    _add_tracking_init,
+    _add_train_model,
+    _add_tune_thresholds,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="viasd", description="VIA-SD: three-tier speculative decoding")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_generate(sub)
+    _add_prepare_data(sub)
+    _add_train_model(sub)
+    _add_decode(sub)
+    _add_dimr_search(sub)
+    _add_tune_thresholds(sub)
+    _add_evaluate(sub)
+    _add_report(sub)
+    _add_bench(sub)
+    _add_resolve_params(sub)
+    _add_tracking_init(sub)
+    return parser
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        return args.func(args)
+    except ViasdError as err:
+        print(f"viasd: error: {err}", file=sys.stderr)
+        return 2

@@ -1,0 +1,75 @@
+"""`viasd bench`: speed side by side against transformers, and the scaling sweeps."""
+
+from __future__ import annotations
+
+import json
+
+from ..errors import ViasdError
+from .common import add_pair, load_params, stage_parser, track
+
+
+def _add_bench(sub) -> None:
+    from ..benchmark import HF, OURS
+
+    p = stage_parser(sub, "bench", "speed side by side: our methods vs transformers generate / assisted generation",
+                      _bench)
+    add_pair(p)
+    p.add_argument("--task", default="stdlib_continuation", help="prompts from this task's test split")
+    p.add_argument("--prompts", type=int, default=8, help="number of prompts")
+    p.add_argument("--max-new-tokens", type=int, help="tokens per prompt (default: the task's max_new_tokens)")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds after the warm-up round")
+    p.add_argument("--gamma", type=int, help="draft block length (default: decode.gamma)")
+    p.add_argument("--methods", help="comma-separated (default: all; a sweep: hf_ar,ar,sd,viasd), from: "
+                   + ", ".join(HF + OURS))
+    p.add_argument("--cache", default="dynamic", choices=["dynamic", "static"],
+                   help="KV cache of our methods: dynamic (grows by concatenation) or static (preallocated)")
+    p.add_argument("--sweep", metavar="KIND=V1,V2,...",
+                   help="scaling run instead: gamma=1,2,4,8 | length=64,128,256,512 | prompt=32,128,384")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+
+
+
+def _bench(args) -> int:
+    from ..stages.bench_stage import bench_paths, run_bench_stage, run_sweep
+
+    params = load_params(args)
+    for name, value in (("--prompts", args.prompts), ("--repeats", args.repeats)):
+        if value < 1:
+            raise ViasdError(f"{name} must be at least 1, got {value}")
+    from ..benchmark import HF, OURS
+
+    chosen = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
+    pair = params.pair(args.pair)
+    if args.sweep:
+        kind, _, values = args.sweep.partition("=")
+        try:
+            numbers = [int(v) for v in values.split(",") if v.strip()]
+        except ValueError:
+            raise ViasdError(f"--sweep {args.sweep}: the values must be integers, e.g. gamma=1,2,4") from None
+        if not numbers:
+            raise ViasdError(f"--sweep {args.sweep}: give values, e.g. {kind or 'gamma'}=1,2,4")
+        out = run_sweep(params, pair.name, args.task, kind, numbers, args.prompts, args.max_new_tokens, args.repeats,
+                        args.gamma, args.device, args.dtype, chosen,
+                        cache=args.cache)
+        for point in out["points"]:
+            print(json.dumps(point))
+        print(bench_paths(params, pair.name, args.task, kind)["json"])
+        return 0
+    result = run_bench_stage(params, pair.name, args.task, chosen or list(HF + OURS), args.prompts, args.max_new_tokens, args.repeats,
+                             args.gamma, args.device, args.dtype, cache=args.cache)
+    for name, row in result["methods"].items():
+        tps = row["tokens_per_second"]
+        print(f"{name:18s} {tps['median']:8.1f} tok/s  (min {tps['min']:.1f}, max {tps['max']:.1f})  "
+              f"acceptance {row['acceptance_rate'] if row['acceptance_rate'] is None else round(row['acceptance_rate'], 3)}")
+    print(json.dumps({"ratios": result["ratios"],
+                      "efficiency": {k: v["efficiency"] for k, v in result["efficiency"].items()}}))
+    paths = bench_paths(params, pair.name, args.task)
+    track(args, params, "bench", f"bench/{pair.name}/{args.task}",
+           {k: result[k] for k in ("prompts", "max_new_tokens", "gamma", "repeats", "device", "dtype", "cache")},
+           {f"ratio.{k}": v for k, v in result["ratios"].items()}
+           | {f"tokens_per_second.{k}": v["tokens_per_second"]["median"] for k, v in result["methods"].items()}
+           | {f"efficiency.{k}": v["efficiency"] for k, v in result["efficiency"].items()},
+           {"task": args.task}, [paths["json"], paths["md"]])
+    print(paths["json"])
+    return 0

@@ -1,0 +1,246 @@
+"""The study's stage subcommands (each a thin wrapper of `viasd.stages`), called alike by Snakemake
+rules, DVC stages and a person at a shell."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from .common import (
+    add_pair,
+    cell_tags,
+    experiment,
+    grid_cell,
+    input_files,
+    load_params,
+    scalars,
+    stage_parser,
+    track,
+)
+
+
+def _add_prepare_data(sub) -> None:
+    stage_parser(sub, "prepare-data", "stdlib corpus splits, tokenizer, calibration set, task prompts", _prepare_data)
+
+
+
+def _prepare_data(args) -> int:
+    from ..data.prepare import prepare_data
+
+    params = load_params(args)
+    out = prepare_data(params)
+    manifest = json.loads((out / "manifest.json").read_text())
+    track(args, params, "prepare_data", "prepare_data", {"data": params.raw["data"], "tasks": params.raw["tasks"]},
+           {f"tokens_{k}": v for k, v in manifest["tokens"].items()} | {"vocab_size": manifest["vocab_size"]},
+           {"python_version": manifest["python_version"], "pair": "-"}, [out / "manifest.json"])
+    print(out)
+    return 0
+
+
+
+def _add_train_model(sub) -> None:
+    from ..training.train import ROLES
+
+    p = stage_parser(sub, "train-model", "train one model of the default family (resumes from a checkpoint)",
+                      _train_model)
+    p.add_argument("--role", required=True, choices=ROLES)
+
+
+
+def _train_model(args) -> int:
+    from ..training.train import read_training_report, train_model
+
+    params = load_params(args)
+    out = train_model(params, args.role)
+    report = read_training_report(out)
+    track(args, params, "train_model", f"train_model/{args.role}",
+           {"arch": vars(params.family.arch(args.role)), "train": vars(params.train), "seed": params.seed},
+           {k: report[k] for k in ("parameters", "steps", "train_seconds", "tokens_per_second", "test_nll",
+                                   "test_perplexity", "final_loss")},
+           {"role": args.role, "pair": params.family.name}, [out / "training.json"],
+           {"train_loss": report["loss_curve"]}, inputs={"data.manifest": params.data.dir / "manifest.json"})
+    print(json.dumps({k: report[k] for k in ("role", "parameters", "steps", "train_seconds", "test_nll",
+                                             "test_perplexity")}))
+    return 0
+
+
+
+def _add_dimr_search(sub) -> None:
+    p = stage_parser(sub, "dimr-search", "search the routing mask of the slim verifier (resumable)", _dimr_search)
+    add_pair(p)
+    p.add_argument("--cost", choices=["path", "target"], help="search only with this cost function (default: "
+                   "dimr.cost and any other a cost_<fn> run of study.runs needs, saved as cost-<fn>.json)")
+
+
+
+def _dimr_search(args) -> int:
+    from ..stages.dimr_stage import grid_costs
+
+    params = load_params(args)
+    pair = params.pair(args.pair)
+    for cost in [args.cost] if args.cost else grid_costs(params):
+        _dimr_search_one(args, params, pair, cost)
+    return 0
+
+
+
+def _dimr_search_one(args, params, pair, cost: str) -> None:
+    from ..stages.dimr_stage import mask_paths, run_dimr_stage
+
+    out = run_dimr_stage(params, pair=pair, cost=cost)
+    paths = mask_paths(params, pair.name, out["cost_fn"])
+    trace = [json.loads(line) for line in paths["trace"].read_text().splitlines()]
+    track(args, params, "dimr_search", f"dimr_search/{pair.name}/{out['cost_fn']}", out["config"],
+           {"up_to_date": out.get("up_to_date", False)} | {k: out[k] for k in ("cost", "best_random_cost", "trials", "search_seconds", "reference_seconds",
+                                "forward_passes", "budget_layers")},
+           {"keep_layers": ",".join(map(str, out["keep_layers"])), "cost_fn": out["cost_fn"]},
+           [p for k, p in paths.items() if k != "storage"],
+           {"trial_cost": [t["cost"] for t in sorted(trace, key=lambda t: t["number"])]},
+           inputs=input_files(params, pair) | {"data.calibration": params.data.dir / "calibration.parquet"})
+    print(json.dumps({k: out[k] for k in ("cost_fn", "keep_layers", "cost", "best_random_cost", "trials",
+                                          "search_seconds")}))
+
+
+
+def _add_tune_thresholds(sub) -> None:
+    p = stage_parser(sub, "tune-thresholds", "tune VIA-SD's tau_accept, tau_slim, gamma and rules on a dev split",
+                      _tune_thresholds)
+    add_pair(p)
+    p.add_argument("--task", help="default: thresholds.task of params.yaml")
+
+
+
+def _tune_thresholds(args) -> int:
+    from ..stages.dimr_stage import mask_paths
+    from ..stages.thresholds_stage import run_thresholds_stage, threshold_paths
+
+    params = load_params(args)
+    pair = params.pair(args.pair)
+    out = run_thresholds_stage(params, args.task, pair=pair)
+    paths = threshold_paths(params, out["task"], pair.name)
+    trace = sorted((json.loads(line) for line in paths["trace"].read_text().splitlines()), key=lambda t: t["number"])
+    track(args, params, "tune_thresholds", f"tune_thresholds/{pair.name}/{out['task']}",
+           {k: out[k] for k in ("gamma", "tau_accept", "tau_slim", "score", "confidence", "max_quality_drop")}
+           | {"search": out["signature"]["config"]},
+           {**out["dev"], "cost_vs_sd": out["cost_vs_sd"], "trials": out["trials"],
+            "up_to_date": out.get("up_to_date", False)}, {"task": out["task"]}, [paths["json"], paths["plot"]],
+           {"trial_cost_per_token": [t["cost_per_token"] for t in trace],
+            "trial_quality_drop": [t["quality_drop"] for t in trace]},
+           inputs=input_files(params, pair, out["task"]) | {"mask": mask_paths(params, pair.name)["mask"],
+                                                             "data.dev": params.data.dir / "tasks" / out["task"] /
+                                                             "dev.jsonl"})
+    print(json.dumps({k: out[k] for k in ("gamma", "tau_accept", "tau_slim", "score", "confidence", "dev",
+                                          "cost_vs_sd")}))
+    return 0
+
+
+
+def _add_decode(sub) -> None:
+    p = stage_parser(sub, "decode", "decode a task's test prompts with one run of the study grid (vs ar)", _decode)
+    add_pair(p)
+    p.add_argument("--task", required=True)
+    p.add_argument("--run", required=True, help="a method, or method-ablation, e.g. viasd-mask_random")
+    p.add_argument("--limit", type=int, help="decode only the first N examples")
+
+
+
+def _decode(args) -> int:
+    from ..stages.decode_stage import decode_paths, run_decode_stage
+
+    params, pair, spec = grid_cell(args)
+    summary = run_decode_stage(params, pair.name, args.task, spec.name, args.limit)
+    paths = decode_paths(params, pair.name, args.task, spec.name)
+    track(args, params, "decode", f"decode/{pair.name}/{args.task}/{spec.name}",
+           {"policy": summary["policy"], "split": summary["split"], "examples": summary["examples"],
+            "slim": summary["slim"]},
+           scalars(summary) | {f"passes.{k}": v for k, v in summary["passes"].items()},
+           cell_tags(pair, args.task, spec), [paths["summary"]], inputs=input_files(params, pair, args.task, spec.name))
+    print(json.dumps({k: summary[k] for k in ("pair", "task", "run", "examples", "new_tokens", "rejection_rate",
+                                              "acceptance_rate", "mean_accepted_length", "speedup_vs_ar")}))
+    return 0
+
+
+
+def _add_evaluate(sub) -> None:
+    p = stage_parser(sub, "evaluate", "the task's quality metrics for one decode output", _evaluate)
+    add_pair(p)
+    p.add_argument("--task", required=True)
+    p.add_argument("--run", required=True)
+
+
+
+def _evaluate(args) -> int:
+    from ..stages.evaluate_stage import eval_path, run_evaluate_stage
+
+    params, pair, spec = grid_cell(args)
+    out = run_evaluate_stage(params, pair.name, args.task, spec.name)
+    track(args, params, "evaluate", f"evaluate/{pair.name}/{args.task}/{spec.name}",
+           {"policy": out["policy"], "split": out["split"], "examples": out["examples"]},
+           scalars(out) | {f"quality.{k}": v for k, v in out["quality"].items()}
+           | {f"passes.{k}": v for k, v in out["passes"].items()}
+           | {f"accepted_by_tier.{k}": out[k] for k in ("accepted_direct", "accepted_slim", "accepted_full",
+                                                        "regenerated_slim", "rejected_full")},
+           cell_tags(pair, args.task, spec), [eval_path(params, pair.name, args.task, spec.name)])
+    print(json.dumps({"run": spec.name, "quality": out["quality"], "speedup_vs_ar": out["speedup_vs_ar"]}))
+    return 0
+
+
+
+def _add_report(sub) -> None:
+    stage_parser(sub, "report", "tables (markdown + CSV) and plots of every evaluated run", _report)
+
+
+
+def _report(args) -> int:
+    from ..stages.report_stage import report_paths, run_report_stage
+
+    params = load_params(args)
+    out = run_report_stage(params)
+    paths = report_paths(params)
+    track(args, params, "report", "report", {"study": params.study}, {"tables": out["tables"], "runs": out["runs"]},
+           {}, list(paths.values()))
+    print(paths["summary"])
+    return 0
+
+
+
+def _add_resolve_params(sub) -> None:
+    p = sub.add_parser("resolve-params", help="write params.yaml merged with --config files (e.g. for dvc repro)")
+    p.add_argument("--params", type=Path, default=Path("params.yaml"))
+    p.add_argument("--config", type=Path, action="append", default=[], metavar="FILE")
+    p.add_argument("-o", "--out", type=Path, help="write here (default: stdout)")
+    p.set_defaults(func=_resolve_params)
+
+
+
+def _resolve_params(args) -> int:
+    import yaml
+
+    from .. import config
+    from ..io import write_text
+
+    raw = config.resolve(args.params, args.config)
+    text = "# resolved by `viasd resolve-params`: " + " + ".join(map(str, [args.params, *args.config])) + "\n"
+    text += yaml.safe_dump(raw, sort_keys=False)
+    if args.out:
+        write_text(args.out, text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+
+def _add_tracking_init(sub) -> None:
+    stage_parser(sub, "tracking-init", "create the MLflow store and the study's experiment (before parallel jobs)",
+                  _tracking_init)
+
+
+
+def _tracking_init(args) -> int:
+    from ..tracking import init_store
+
+    params = load_params(args)
+    if not args.no_track:
+        print(init_store(args.params.resolve().parent, experiment(params)))
+    return 0
