@@ -49,7 +49,7 @@ def study(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("search")
     params = config.load(smoke_params(tmp))
     prepare_data(params, progress=False)
-    for role in ("target", "draft"):
+    for role in ("target", "draft", "independent"):
         train_model(params, role, progress=False)
     return tmp, params
 
@@ -168,12 +168,21 @@ def test_impossible_budget_and_missing_calibration(study, tmp_path):
 def test_thresholds_stage_and_infeasible_constraint(study, tmp_path):
     _, params = study
     run_dimr_stage(params, progress=False)
-    result = run_thresholds_stage(params, progress=False)
-    paths = threshold_paths(params, "stdlib_continuation")
-    assert paths["json"].exists() and paths["plot"].exists() and paths["trace"].exists()
-    assert result["gamma"] in (2, 3, 4, 6) and result["dev"]["quality_drop"] <= 0.5
-    assert result["cost_vs_sd"] == pytest.approx(result["dev"]["cost_per_token"] / result["sd_same_gamma"]["cost_per_token"])
-    assert run_thresholds_stage(params, progress=False) == {**result, "up_to_date": True}  # no-op re-run
+    results = run_thresholds_stage(params, progress=False)
+    # the smoke grid's viasd slims: the DIMR mask, the random mask and the independent model
+    assert list(results) == ["main", "mask_random", "independent"]
+    for slim, result in results.items():
+        paths = threshold_paths(params, "stdlib_continuation", slim=slim)
+        assert paths["json"].exists() and paths["plot"].exists() and paths["trace"].exists()
+        assert result["gamma"] in (2, 3, 4, 6) and result["dev"]["quality_drop"] <= 0.5
+        assert result["slim"] == slim and result["signature"]["slim"] == slim
+        assert result["cost_vs_sd"] == pytest.approx(result["dev"]["cost_per_token"] / result["sd_same_gamma"]["cost_per_token"])
+    masks = mask_paths(params)
+    assert results["main"]["mask"] == json.loads(masks["mask"].read_text())["keep_layers"]
+    assert results["mask_random"]["mask"] == json.loads(masks["random"].read_text())["keep_layers"]
+    assert results["independent"]["mask"] == "independent"
+    again = run_thresholds_stage(params, progress=False)  # no-op re-run
+    assert again == {slim: {**r, "up_to_date": True} for slim, r in results.items()}
 
 
 def test_infeasible_constraint_names_it_and_writes_nothing(study, tmp_path):
@@ -231,11 +240,11 @@ def test_killed_threshold_search_resumes(study, tmp_path):
     paths = threshold_paths(resumed, "humaneval")
     for key in ("json", "storage"):
         paths[key].unlink(missing_ok=True)
-    _kill_after_trials(["tune-thresholds", "--params", str(path), "--no-track"], paths["storage"], 3)
+    _kill_after_trials(["tune-thresholds", "--params", str(path), "--no-track", "--slim", "main"], paths["storage"], 3)
     storage = f"sqlite:///{paths['storage']}"
-    before = {t.number: t.params for t in _complete(storage, "thresholds-smoke-humaneval")}
+    before = {t.number: t.params for t in _complete(storage, "thresholds-smoke-humaneval-main")}
     assert 3 <= len(before) < 14 and not paths["json"].exists()
-    result = run_thresholds_stage(resumed, progress=False)
-    after = _complete(storage, "thresholds-smoke-humaneval")
+    result = run_thresholds_stage(resumed, progress=False, slims=["main"])["main"]
+    after = _complete(storage, "thresholds-smoke-humaneval-main")
     assert len(after) == result["trials"] == 14
     assert all(t.params == before[t.number] for t in after if t.number in before)

@@ -13,6 +13,7 @@ from viasd.config import ConfigError
 from viasd.stages.decode_stage import StudyInputError, run_inputs, run_policy
 from viasd.stages.dimr_stage import grid_costs, optuna_storage
 from viasd.stages.runs import parse_run
+from viasd.stages.slims import slims_to_tune
 
 
 @pytest.mark.parametrize("text, method, ablation, mask, gamma", [
@@ -50,7 +51,19 @@ def test_policy_and_inputs_of_each_run(tmp_path):
     assert grid_costs(params) == ["path", "target"]
     assert run_inputs(params, "smoke", "stdlib_continuation", "ar") == {}
     inputs = run_inputs(params, "smoke", "stdlib_continuation", "viasd-mask_truncate")
-    assert inputs["mask"].name == "truncate.json" and inputs["thresholds"].name == "smoke-stdlib_continuation.json"
+    assert inputs["mask"].name == "truncate.json"
+    assert inputs["thresholds"].relative_to(params.models_dir).parts == ("thresholds", "smoke-stdlib_continuation",
+                                                                         "mask_truncate.json")
+    # the thresholds each viasd run reads: its own slim's (thresholds.per_slim), cost_<dimr.cost> is the main mask
+    assert run_inputs(params, "smoke", "humaneval", "viasd-cost_path")["thresholds"].name == "main.json"
+    assert run_inputs(params, "smoke", "humaneval", "viasd-independent")["thresholds"].name == "independent.json"
+    assert run_inputs(params, "smoke", "humaneval", "viasd-no_tier2")["thresholds"].name == "main.json"
+    assert "thresholds" not in run_inputs(params, "smoke", "humaneval", "cascade_sd-mask_random")
+    assert slims_to_tune(params) == ["main", "cost_target"]
+    (tmp_path / "shared").mkdir()
+    shared = config.load(smoke_params(tmp_path / "shared", {"thresholds": {"per_slim": False}}))
+    assert slims_to_tune(shared) == ["main"]
+    assert run_inputs(shared, "smoke", "humaneval", "viasd-mask_random")["thresholds"].name == "main.json"
     assert run_inputs(params, "smoke", "humaneval", "viasd-cost_target")["mask"].name == "cost-target.json"
     assert "mask" not in run_inputs(params, "smoke", "humaneval", "viasd-independent")
 
@@ -61,7 +74,7 @@ def test_policy_and_inputs_of_each_run(tmp_path):
     with pytest.raises(StudyInputError, match="the tuned thresholds .* does not exist"):
         run_policy(params, "smoke", "stdlib_continuation", "viasd")
     tuned = {"gamma": 3, "tau_accept": 2.5, "tau_slim": 0.7, "score": "ratio_argmax", "confidence": "margin"}
-    path = inputs["thresholds"]
+    path = run_inputs(params, "smoke", "stdlib_continuation", "viasd")["thresholds"]
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(tuned))
     viasd = run_policy(params, "smoke", "stdlib_continuation", "viasd")

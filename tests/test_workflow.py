@@ -24,7 +24,9 @@ SMOKE_RUNS = yaml.safe_load((Path(__file__).resolve().parent.parent / "config" /
 
 def expected_run_names(pair="smoke", task="stdlib_continuation") -> list[str]:
     names = ["prepare_data", "train_model/target", "train_model/draft", "train_model/independent",
-             f"dimr_search/{pair}/path", f"tune_thresholds/{pair}/{task}", "report"]
+             f"dimr_search/{pair}/path", "report"]
+    # thresholds per slim of the grid's viasd runs (thresholds.per_slim)
+    names += [f"tune_thresholds/{pair}/{task}/{slim}" for slim in ("main", "mask_random", "independent")]
     names += [f"{stage}/{pair}/{task}/{run}" for stage in ("decode", "evaluate") for run in SMOKE_RUNS]
     return sorted(names)
 
@@ -153,6 +155,9 @@ def test_smoke_study_killed_resumed_tracked_and_reported(repo):
     assert (repo / "reports-smoke" / "dimr" / "smoke" / "search.png").exists()
     csv_rows = (repo / "reports-smoke" / "tables" / "smoke-stdlib_continuation.csv").read_text().splitlines()
     assert len(csv_rows) == 1 + len(SMOKE_RUNS) and "speedup_vs_ar" in csv_rows[0]
+    slims = (repo / "reports-smoke" / "tables" / "smoke-stdlib_continuation-slims.md").read_text()
+    assert all(f"| {slim} |" in slims for slim in ("main", "mask_random", "independent"))
+    assert (repo / "reports-smoke" / "thresholds" / "smoke-stdlib_continuation" / "mask_random.png").exists()
 
     again = snakemake(repo, "--cores", "2", "all", *SMOKE)
     assert "Nothing to be done" in again.stdout + again.stderr
@@ -223,7 +228,7 @@ def test_dvc_repro_reruns_only_what_a_parameter_change_touches(repo):
     tags = client.search_runs([exp.experiment_id], "tags.mlflow.runName = 'decode/smoke/stdlib_continuation/viasd'")[0].data.tags
     deps = {d["path"]: d["md5"] for d in lock["decode@smoke-stdlib_continuation-viasd"]["deps"]}
     assert tags["dvc_md5.model.target"] == deps["models-smoke/smoke/target"]
-    assert tags["dvc_md5.thresholds"] == deps["models-smoke/thresholds/smoke-stdlib_continuation.json"]
+    assert tags["dvc_md5.thresholds"] == deps["models-smoke/thresholds/smoke-stdlib_continuation"]
 
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["decode"]["gamma"] = params["decode"]["gamma"] + 1

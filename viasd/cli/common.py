@@ -88,4 +88,6 @@ def input_files(params, pair, task: str | None = None, run: str | None = None) -
         files.update({f"model.{r}": params.model_dir(r) for r in ("target", "draft")})
     if run is not None:
         files.update(run_inputs(params, pair.name, task, run))
+        if "thresholds" in files:  # DVC tracks (and hashes) the pair x task's thresholds as one directory
+            files["thresholds"] = files["thresholds"].parent
     return files

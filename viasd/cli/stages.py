@@ -104,34 +104,45 @@ def _dimr_search_one(args, params, pair, cost: str) -> None:
 
 
 def _add_tune_thresholds(sub) -> None:
+    from ..stages.slims import SLIM_ABLATIONS
+
     p = stage_parser(sub, "tune-thresholds", "tune VIA-SD's tau_accept, tau_slim, gamma and rules on a dev split",
                       _tune_thresholds)
     add_pair(p)
     p.add_argument("--task", help="default: thresholds.task of params.yaml")
+    p.add_argument("--slim", action="append", choices=("main", *SLIM_ABLATIONS),
+                   help="tune for this slim verifier only (repeatable; default: main, and with thresholds.per_slim "
+                        "every slim ablation of study.runs)")
 
 
 
 def _tune_thresholds(args) -> int:
-    from ..stages.dimr_stage import mask_paths
+    from ..stages.slims import mask_file, slim_spec
     from ..stages.thresholds_stage import run_thresholds_stage, threshold_paths
 
     params = load_params(args)
     pair = params.pair(args.pair)
-    out = run_thresholds_stage(params, args.task, pair=pair)
-    paths = threshold_paths(params, out["task"], pair.name)
-    trace = sorted((json.loads(line) for line in paths["trace"].read_text().splitlines()), key=lambda t: t["number"])
-    track(args, params, "tune_thresholds", f"tune_thresholds/{pair.name}/{out['task']}",
-           {k: out[k] for k in ("gamma", "tau_accept", "tau_slim", "score", "confidence", "max_quality_drop")}
-           | {"search": out["signature"]["config"]},
-           {**out["dev"], "cost_vs_sd": out["cost_vs_sd"], "trials": out["trials"],
-            "up_to_date": out.get("up_to_date", False)}, {"task": out["task"]}, [paths["json"], paths["plot"]],
-           {"trial_cost_per_token": [t["cost_per_token"] for t in trace],
-            "trial_quality_drop": [t["quality_drop"] for t in trace]},
-           inputs=input_files(params, pair, out["task"]) | {"mask": mask_paths(params, pair.name)["mask"],
-                                                             "data.dev": params.data.dir / "tasks" / out["task"] /
-                                                             "dev.jsonl"})
-    print(json.dumps({k: out[k] for k in ("gamma", "tau_accept", "tau_slim", "score", "confidence", "dev",
-                                          "cost_vs_sd")}))
+    results = run_thresholds_stage(params, args.task, pair=pair, slims=args.slim)
+    for slim, out in results.items():
+        paths = threshold_paths(params, out["task"], pair.name, slim)
+        trace = sorted((json.loads(line) for line in paths["trace"].read_text().splitlines()),
+                       key=lambda t: t["number"])
+        mask = mask_file(params, pair.name, slim_spec(slim))
+        slim_input = {"mask": mask} if mask is not None else {}
+        if slim == "independent" and pair.trained:
+            slim_input = {"model.independent": params.model_dir("independent")}
+        track(args, params, "tune_thresholds", f"tune_thresholds/{pair.name}/{out['task']}/{slim}",
+              {k: out[k] for k in ("gamma", "tau_accept", "tau_slim", "score", "confidence", "max_quality_drop")}
+              | {"search": out["signature"]["config"], "slim_layers": out["mask"]},
+              {**out["dev"], "cost_vs_sd": out["cost_vs_sd"], "trials": out["trials"],
+               "up_to_date": out.get("up_to_date", False)}, {"task": out["task"], "slim": slim},
+              [paths["json"], paths["plot"]],
+              {"trial_cost_per_token": [t["cost_per_token"] for t in trace],
+               "trial_quality_drop": [t["quality_drop"] for t in trace]},
+              inputs=input_files(params, pair, out["task"]) | slim_input
+              | {"data.dev": params.data.dir / "tasks" / out["task"] / "dev.jsonl"})
+        print(json.dumps({"slim": slim} | {k: out[k] for k in ("gamma", "tau_accept", "tau_slim", "score",
+                                                                "confidence", "dev", "cost_vs_sd")}))
     return 0
 
 

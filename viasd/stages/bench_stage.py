@@ -59,7 +59,7 @@ def bench_prompts(params: Params, models, task: str, n: int, length: int | None 
 
 def viasd_settings(params: Params, pair: str, task: str) -> dict:
     """The tuned VIA-SD thresholds of the pair and task when they exist, else the policy defaults."""
-    path = threshold_paths(params, task, pair)["json"]
+    path = threshold_paths(params, task, pair, "main")["json"]
     if not path.exists():
         log.warning("no tuned thresholds at %s; viasd runs with default thresholds", path)
         return {}

@@ -9,21 +9,17 @@ target's greedy output is exact. Outputs (named by pair, task and run):
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict
 from pathlib import Path
 
-from ..config import Pair, Params
-from ..errors import ViasdError
+from ..config import Params
 from ..policy import DecodePolicy
-from .dimr_stage import mask_paths
 from .runs import RunSpec, parse_run
+from .slims import StudyInputError, load_run_models, mask_file, read_json, slim_description, threshold_slim
 from .thresholds_stage import threshold_paths
 
-
-class StudyInputError(ViasdError):
-    """A stage's input (mask, thresholds, decode output) has not been produced yet."""
+__all__ = ["StudyInputError", "decode_paths", "run_decode_stage", "run_inputs", "run_policy"]
 
 
 def decode_paths(params: Params, pair: str, task: str, run: str) -> dict:
@@ -32,25 +28,16 @@ def decode_paths(params: Params, pair: str, task: str, run: str) -> dict:
 
 
 def run_inputs(params: Params, pair: str, task: str, run: str | RunSpec) -> dict[str, Path]:
-    """The files a run reads besides the pair's models and the task's prompts."""
+    """The files a run reads besides the pair's models and the task's prompts: its routing mask and, for
+    `viasd`, the thresholds tuned for its slim (see `slims.threshold_slim`)."""
     spec = parse_run(run) if isinstance(run, str) else run
     inputs = {}
-    kind = spec.mask_kind
-    if kind == "main":
-        inputs["mask"] = mask_paths(params, pair)["mask"]
-    elif kind is not None and kind.startswith("cost_"):
-        inputs["mask"] = mask_paths(params, pair, kind[len("cost_"):])["mask"]
-    elif kind is not None:
-        inputs["mask"] = mask_paths(params, pair)[kind]
+    mask = mask_file(params, pair, spec)
+    if mask is not None:
+        inputs["mask"] = mask
     if spec.method == "viasd":
-        inputs["thresholds"] = threshold_paths(params, task, pair)["json"]
+        inputs["thresholds"] = threshold_paths(params, task, pair, threshold_slim(params, spec))["json"]
     return inputs
-
-
-def _read_json(path: Path, what: str) -> dict:
-    if not path.exists():
-        raise StudyInputError(f"{what} {path} does not exist: run the stage that writes it first")
-    return json.loads(path.read_text())
 
 
 def run_policy(params: Params, pair: str, task: str, run: str | RunSpec) -> DecodePolicy:
@@ -64,29 +51,13 @@ def run_policy(params: Params, pair: str, task: str, run: str | RunSpec) -> Deco
               "max_lag": section.get("max_lag", 0), "seed": params.seed, "cache": section.get("cache", "dynamic"),
               "max_new_tokens": params.tasks.get(task, {}).get("max_new_tokens", 128)}
     if spec.method == "viasd":
-        tuned = _read_json(run_inputs(params, pair, task, spec)["thresholds"], "the tuned thresholds")
+        tuned = read_json(run_inputs(params, pair, task, spec)["thresholds"], "the tuned thresholds")
         fields.update({k: tuned[k] for k in ("gamma", "tau_accept", "tau_slim", "score", "confidence")})
     if spec.ablation == "no_tier2":
         fields["tau_slim"] = math.inf
     if spec.gamma is not None:
         fields["gamma"] = spec.gamma
     return DecodePolicy(**fields)
-
-
-def load_run_models(params: Params, pair: Pair, spec: RunSpec, inputs: dict):
-    """Target + draft of the pair, and the run's slim verifier (a routed mask or the independent model)."""
-    from ..models import load_models
-
-    if "mask" in inputs:
-        _read_json(inputs["mask"], "the routing mask")  # a missing mask names the stage that writes it
-    independent = None
-    if spec.routed and spec.ablation == "independent":
-        if not pair.independent:
-            raise StudyInputError(f"pair {pair.name} has no independent model (models.hub_pairs.{pair.name}.independent)")
-        independent = pair.independent
-    return load_models(pair.target, draft=pair.draft if spec.method != "ar" else None,
-                       masks=[inputs["mask"]] if "mask" in inputs else [], device=params.device, dtype=pair.dtype,
-                       trust_remote_code=pair.trust_remote_code, independent=independent)
 
 
 def run_decode_stage(params: Params, pair_name: str, task: str, run: str, limit: int | None = None,
@@ -103,7 +74,7 @@ def run_decode_stage(params: Params, pair_name: str, task: str, run: str, limit:
     examples = load_examples(params.data.dir, task, split)[:limit]
     inputs = run_inputs(params, pair.name, task, spec)
     policy = run_policy(params, pair.name, task, spec)
-    models = load_run_models(params, pair, spec, inputs)
+    models = load_run_models(params, pair, spec, inputs.get("mask"))
     if spec.method == "ar":
         rows, stats = decode_examples(models, examples, policy, task_spec, progress)
         ar_stats = stats
@@ -118,8 +89,7 @@ def run_decode_stage(params: Params, pair_name: str, task: str, run: str, limit:
         "policy": {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
                    for k, v in asdict(policy).items() if k not in ("sampling", "eos_token_ids", "stop_strings")},
         "inputs": {k: str(v) for k, v in inputs.items()},
-        "slim": "independent" if spec.ablation == "independent" else
-                (json.loads(inputs["mask"].read_text())["keep_layers"] if "mask" in inputs else None),
+        "slim": slim_description(params, pair.name, spec),
     })
     paths = decode_paths(params, pair.name, task, spec.name)
     write_jsonl(paths["rows"], rows)

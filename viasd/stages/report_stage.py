@@ -5,6 +5,9 @@ Outputs under reports/:
                                          accepted length, speedup vs ar, full passes per token, quality
   plots/<pair>-<task>-frontier.png       speedup vs quality
   plots/<pair>-<task>-tiers.png          how verified positions were settled, per run
+  tables/<pair>-<task>-slims.md, .csv    the slim verifiers on the dev split, each with the thresholds
+                                         tuned for it under the same quality constraint (DIMR vs baselines
+                                         at equal quality)
   summary.md                             every table, with links to the plots (also those of dimr-search:
                                          reports/dimr/<pair>/search.png and layers.png)
 """
@@ -21,6 +24,8 @@ from ..report_plots import frontier, tier_breakdown
 from .decode_stage import StudyInputError
 from .evaluate_stage import eval_path
 from .runs import parse_run
+from .slims import slims_to_tune
+from .thresholds_stage import threshold_paths
 
 COLUMNS = (("run", "run"), ("method", "method"), ("ablation", "ablation"), ("rejection_rate", "rejection rate"),
            ("acceptance_rate", "acceptance"), ("mean_accepted_length", "mean acc. length"),
@@ -44,7 +49,39 @@ def report_paths(params: Params) -> dict:
             out[f"{key}.csv"] = base / "tables" / f"{key}.csv"
             out[f"{key}-frontier"] = base / "plots" / f"{key}-frontier.png"
             out[f"{key}-tiers"] = base / "plots" / f"{key}-tiers.png"
+            out[f"{key}-slims.md"] = base / "tables" / f"{key}-slims.md"
+            out[f"{key}-slims.csv"] = base / "tables" / f"{key}-slims.csv"
     return out
+
+
+SLIM_COLUMNS = (("slim", "slim"), ("layers", "kept layers"), ("gamma", "γ"), ("tau_accept", "τ_accept"),
+                ("tau_slim", "τ_slim"), ("score", "score"), ("confidence", "confidence"),
+                ("cost_per_token", "cost/token (model)"), ("cost_vs_sd", "cost vs sd"),
+                ("wall_per_token", "wall s/token"), ("rejection_rate", "rejection rate"),
+                ("full_passes_per_token", "full passes/token"), ("agreement", "agreement"))
+
+
+def slim_rows(params: Params, pair: str, task: str) -> list[dict]:
+    """One row per tuned slim: its thresholds and dev-split figures at the quality constraint."""
+    rows = []
+    for slim in slims_to_tune(params):
+        path = threshold_paths(params, task, pair, slim)["json"]
+        if not path.exists():
+            raise StudyInputError(f"no tuned thresholds {path}: run `viasd tune-thresholds --pair {pair} "
+                                  f"--task {task}` first")
+        tuned = json.loads(path.read_text())
+        layers = tuned["mask"]
+        rows.append({"slim": slim, "layers": " ".join(map(str, layers)) if isinstance(layers, list) else layers,
+                     **{k: tuned[k] for k in ("gamma", "tau_accept", "tau_slim", "score", "confidence", "cost_vs_sd")},
+                     **{k: tuned["dev"].get(k) for k in ("cost_per_token", "wall_per_token", "rejection_rate",
+                                                         "full_passes_per_token", "agreement")}})
+    return rows
+
+
+def slim_table(rows: list[dict]) -> str:
+    lines = ["| " + " | ".join(label for _, label in SLIM_COLUMNS) + " |", "|" + "---|" * len(SLIM_COLUMNS)]
+    lines += ["| " + " | ".join(_fmt(r[k]) for k, _ in SLIM_COLUMNS) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
 
 
 def _fmt(value) -> str:
@@ -109,8 +146,15 @@ def run_report_stage(params: Params) -> dict:
                              and len({e["quality"].get(k) for e in evals}) > 1), "agreement")
         frontier(evals, main_quality, paths[f"{key}-frontier"], f"{pair} on {task}: speed vs {main_quality}")
         tier_breakdown(evals, paths[f"{key}-tiers"], f"{pair} on {task}: how verified positions were settled")
+        slims = slim_rows(params, pair, task)
+        slims_md = slim_table(slims)
+        write_text(paths[f"{key}-slims.md"], f"# {pair} on {task}: slim verifiers on the dev split\n\n{slims_md}")
+        write_text(paths[f"{key}-slims.csv"], csv_table(slims))
         summary += [f"## {pair} on {task}\n", table,
-                    f"![frontier](plots/{key}-frontier.png) ![tiers](plots/{key}-tiers.png)\n"]
+                    f"![frontier](plots/{key}-frontier.png) ![tiers](plots/{key}-tiers.png)\n",
+                    f"Slim verifiers on the dev split, each with thresholds tuned for it (quality drop at most "
+                    f"{params.raw['thresholds'].get('max_quality_drop')}); cost/token is the cost model of "
+                    "DESIGN.md §2.4 with measured per-pass costs:\n", slims_md]
         headline[key] = {e["run"]: {"speedup_vs_ar": e.get("speedup_vs_ar"), "rejection_rate": e.get("rejection_rate")}
                          for e in evals}
     for pair in params.study["pairs"]:

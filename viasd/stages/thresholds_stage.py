@@ -1,9 +1,14 @@
-"""`viasd tune-thresholds`: VIA-SD thresholds for the pair and task, on the dev split.
+"""`viasd tune-thresholds`: VIA-SD thresholds for a pair and task, on the dev split, per slim verifier.
 
-Outputs: models/thresholds/<pair>-<task>.json (what the decode stage reads), .trace.jsonl and
-reports/thresholds/<pair>-<task>.png (speed-quality trade-off); the resumable Optuna study lives in
-models/optuna/thresholds-<pair>-<task>.db.
-Nothing is written when no trial meets the quality constraint.
+Outputs, one directory per pair and task (so a workflow declares one output), one file set per slim
+(`main` = the DIMR mask; with `thresholds.per_slim`, also every slim ablation of `study.runs`, see
+`stages/slims.py`):
+  models/thresholds/<pair>-<task>/<slim>.json          what the decode stage reads: gamma, tau_accept,
+                                                       tau_slim, tier rules, with their dev figures
+  models/thresholds/<pair>-<task>/<slim>.trace.jsonl   every trial
+  reports/thresholds/<pair>-<task>/<slim>.png          the speed-quality trade-off, chosen point marked
+  models/optuna/thresholds-<pair>-<task>-<slim>.db     the resumable Optuna study (outside the outputs)
+Nothing is written for a slim whose search meets no trial under the quality constraint.
 """
 
 from __future__ import annotations
@@ -11,63 +16,74 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import asdict
+from pathlib import Path
 
 from ..config import Pair, Params
 from ..io import write_json, write_jsonl
 from ..search.plots import speed_quality
 from ..search.thresholds import DevSet, ThresholdConfig, tune_thresholds
 from ..tasks import get_task, load_examples
-from .dimr_stage import mask_paths, optuna_storage, study_name
+from .dimr_stage import optuna_storage, study_name
+from .slims import load_run_models, mask_file, slim_description, slim_spec, slims_to_tune
 
 log = logging.getLogger(__name__)
+
+NOT_SEARCHED = ("task", "dev_prompts", "per_slim")  # keys of the `thresholds` section that are not search settings
 
 
 def threshold_config(params: Params) -> ThresholdConfig:
     section = {k: tuple(v) if isinstance(v, list) else v for k, v in params.raw.get("thresholds", {}).items()
-               if k not in ("task", "dev_prompts")}
+               if k not in NOT_SEARCHED}
     return ThresholdConfig(seed=params.seed, **section)
 
 
-def threshold_paths(params: Params, task: str, pair: str | None = None) -> dict:
+def threshold_dirs(params: Params, task: str, pair: str | None = None) -> dict[str, Path]:
     name = f"{pair or params.pair().name}-{task}"
-    base = params.models_dir / "thresholds"
-    return {"json": base / f"{name}.json", "trace": base / f"{name}.trace.jsonl",
-            "storage": params.models_dir / "optuna" / f"thresholds-{name}.db",
-            "plot": params.reports_dir / "thresholds" / f"{name}.png"}
+    return {"models": params.models_dir / "thresholds" / name, "plots": params.reports_dir / "thresholds" / name}
+
+
+def threshold_paths(params: Params, task: str, pair: str | None = None, slim: str = "main") -> dict:
+    pair = pair or params.pair().name
+    dirs = threshold_dirs(params, task, pair)
+    return {"json": dirs["models"] / f"{slim}.json", "trace": dirs["models"] / f"{slim}.trace.jsonl",
+            "storage": params.models_dir / "optuna" / f"thresholds-{pair}-{task}-{slim}.db",
+            "plot": dirs["plots"] / f"{slim}.png"}
 
 
 def run_thresholds_stage(params: Params, task: str | None = None, progress: bool = True,
-                         pair: Pair | None = None) -> dict:
-    from ..models import load_models
-    from ..routing import RoutingMask
-
+                         pair: Pair | None = None, slims: list[str] | None = None) -> dict[str, dict]:
+    """Tune the thresholds of each slim (default: `slims_to_tune`); returns {slim: result}."""
     pair = pair or params.pair()
+    task = task or params.raw.get("thresholds", {}).get("task", "stdlib_continuation")
+    return {slim: tune_slim(params, pair, task, slim, progress) for slim in (slims or slims_to_tune(params))}
+
+
+def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool = True) -> dict:
     section = params.raw.get("thresholds", {})
-    task = task or section.get("task", "stdlib_continuation")
     cfg = threshold_config(params)
-    paths = threshold_paths(params, task, pair.name)
-    mask_file = mask_paths(params, pair.name)["mask"]
-    signature = {"config": asdict(cfg), "task": task, "dev_prompts": section.get("dev_prompts"),
-                 "mask": json.loads(mask_file.read_text())["keep_layers"] if mask_file.exists() else None}
+    paths = threshold_paths(params, task, pair.name, slim)
+    spec = slim_spec(slim)
+    signature = {"config": asdict(cfg), "task": task, "dev_prompts": section.get("dev_prompts"), "slim": slim,
+                 "mask": slim_description(params, pair.name, spec)}
     signature = json.loads(json.dumps(signature))  # as it reads back from the file
     if paths["json"].exists() and json.loads(paths["json"].read_text()).get("signature") == signature:
         log.info("thresholds %s are up to date; nothing to do", paths["json"])
         return {**json.loads(paths["json"].read_text()), "up_to_date": True}
-    models = load_models(pair.target, draft=pair.draft, device=params.device, dtype=pair.dtype,
-                         trust_remote_code=pair.trust_remote_code)
-    models.add_mask(RoutingMask.from_json(mask_file, models.target.config.num_hidden_layers))
+    models = load_run_models(params, pair, spec, mask_file(params, pair.name, spec))
     examples = load_examples(params.data.dir, task, "dev")[: section.get("dev_prompts")]
     max_new = params.tasks.get(task, {}).get("max_new_tokens", 128)
     dev = DevSet(models, examples, max_new, get_task(task).stop_strings)
-    out = tune_thresholds(dev, cfg, optuna_storage(params, paths["storage"]), study_name(f"thresholds-{pair.name}-{task}", signature),
-                          progress)
+    log.info("tuning thresholds for %s on %s with slim %s", pair.name, task, slim)
+    out = tune_thresholds(dev, cfg, optuna_storage(params, paths["storage"]),
+                          study_name(f"thresholds-{pair.name}-{task}-{slim}", signature), progress)
     best = out["best"]
     result = {
         "gamma": best["gamma"], "tau_accept": best["tau_accept"], "tau_slim": best["tau_slim"],
-        "score": best["score"], "confidence": best["confidence"], "task": task, "pair": pair.name,
+        "score": best["score"], "confidence": best["confidence"], "task": task, "pair": pair.name, "slim": slim,
         "mask": signature["mask"], "dev": {k: best[k] for k in ("cost_per_token", "wall_per_token", "agreement",
                                                                 "quality_drop", "rejection_rate", "acceptance_rate",
-                                                                "block_escalation_rate", "speedup_model_vs_ar")},
+                                                                "block_escalation_rate", "full_passes_per_token",
+                                                                "speedup_model_vs_ar")},
         "sd_same_gamma": {k: out["sd"][k] for k in ("cost_per_token", "wall_per_token", "rejection_rate",
                                                      "acceptance_rate")},
         "cost_vs_sd": best["cost_per_token"] / out["sd"]["cost_per_token"],
@@ -76,6 +92,6 @@ def run_thresholds_stage(params: Params, task: str | None = None, progress: bool
     }
     write_jsonl(paths["trace"], out["trials"])
     speed_quality(out["trials"], best, cfg.max_quality_drop, paths["plot"],
-                  f"VIA-SD thresholds, {pair.name} on {task} (dev)")
+                  f"VIA-SD thresholds, {pair.name} on {task} (dev), slim: {slim}")
     write_json(paths["json"], result)
     return result

@@ -5,7 +5,7 @@ rule decode:
         DATA,
         models=lambda w: pair_models(w.pair, ["target", "draft", "independent"]),
         masks=f"{MODELS}/masks/{{pair}}",
-        thresholds=f"{MODELS}/thresholds/{{pair}}-{{task}}.json",
+        thresholds=f"{MODELS}/thresholds/{{pair}}-{{task}}",
     output:
         rows=f"{REPORTS}/decode/{{pair}}/{{task}}/{{run}}.jsonl",
         summary=f"{REPORTS}/decode/{{pair}}/{{task}}/{{run}}.json",

@@ -3,9 +3,10 @@ rule report:
     input:
         evals=eval_files(),
         dimr=expand(f"{REPORTS}/dimr/{{pair}}", pair=STUDY["pairs"]),
+        thresholds=expand(f"{MODELS}/thresholds/{{pair}}-{{task}}", pair=STUDY["pairs"], task=STUDY["tasks"]),
     output:
         summary=report(f"{REPORTS}/summary.md", category="Summary"),
-        tables=expand(f"{REPORTS}/tables/{{pair}}-{{task}}.{{ext}}", pair=STUDY["pairs"], task=STUDY["tasks"], ext=["md", "csv"]),
+        tables=expand(f"{REPORTS}/tables/{{pair}}-{{task}}{{kind}}.{{ext}}", pair=STUDY["pairs"], task=STUDY["tasks"], kind=["", "-slims"], ext=["md", "csv"]),
         frontier=report(
             expand(f"{REPORTS}/plots/{{pair}}-{{task}}-frontier.png", pair=STUDY["pairs"], task=STUDY["tasks"]),
             category="Speed vs quality",
@@ -17,6 +18,7 @@ rule report:
     params:
         viasd=VIASD_ARGS,
         study=STUDY,
+        thresholds=config["thresholds"],
     log:
         "logs/report.log",
     benchmark:

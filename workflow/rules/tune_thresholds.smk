@@ -1,18 +1,24 @@
 rule tune_thresholds:
-    """VIA-SD's tau_accept, tau_slim, gamma and tier rules for a pair and task, on the dev split."""
+    """VIA-SD's tau_accept, tau_slim, gamma and tier rules for a pair and task, on the dev split: for the
+    DIMR mask and (thresholds.per_slim) every slim ablation of study.runs, one file set per slim."""
     input:
         DATA,
-        models=lambda w: pair_models(w.pair),
+        models=lambda w: pair_models(w.pair, ["target", "draft", "independent"]),
         masks=f"{MODELS}/masks/{{pair}}",
     output:
-        thresholds=f"{MODELS}/thresholds/{{pair}}-{{task}}.json",
-        trace=f"{MODELS}/thresholds/{{pair}}-{{task}}.trace.jsonl",
-        plot=report(f"{REPORTS}/thresholds/{{pair}}-{{task}}.png", category="Threshold tuning", labels={"pair": "{pair}", "task": "{task}"}),
+        thresholds=directory(f"{MODELS}/thresholds/{{pair}}-{{task}}"),
+        plots=report(
+            directory(f"{REPORTS}/thresholds/{{pair}}-{{task}}"),
+            patterns=["{slim}.png"],
+            category="Threshold tuning",
+            labels={"pair": "{pair}", "task": "{task}", "slim": "{slim}"},
+        ),
     params:
         viasd=VIASD_ARGS,
         seed=config["seed"],
         thresholds=config["thresholds"],
         task=task_params,
+        runs=STUDY["runs"],
     threads: 2
     resources:
         mem_mb=8000,

@@ -1,0 +1,102 @@
+"""The slim verifier a run of the grid uses, and the models it loads.
+
+A *slim* names what stands in the slim verifier's place:
+  main              the pair's DIMR mask (searched with `dimr.cost`)
+  mask_random, mask_truncate, mask_every_other    a baseline mask of the same budget
+  cost_<fn>         the DIMR mask searched with the other cost function
+  independent       a separately trained model (no routing)
+
+With `thresholds.per_slim` (the default), every VIA-SD slim ablation of `study.runs` gets thresholds
+tuned for its own slim under the same quality constraint, so the ablation compares slims at equal
+quality; without it, every slim reuses the thresholds tuned for the DIMR mask.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..config import Pair, Params
+from ..errors import ViasdError
+from .dimr_stage import main_cost, mask_paths
+from .runs import RunSpec, parse_run
+
+SLIM_ABLATIONS = ("mask_random", "mask_truncate", "mask_every_other", "cost_path", "cost_target", "independent")
+
+
+class StudyInputError(ViasdError):
+    """A stage's input (mask, thresholds, decode output) has not been produced yet."""
+
+
+def read_json(path: Path, what: str) -> dict:
+    if not path.exists():
+        raise StudyInputError(f"{what} {path} does not exist: run the stage that writes it first")
+    return json.loads(path.read_text())
+
+
+def slim_name(params: Params, spec: RunSpec) -> str:
+    """The slim a routed run uses: `main`, or the ablation that replaces it (`cost_<dimr.cost>` is `main`)."""
+    if spec.ablation not in SLIM_ABLATIONS or spec.ablation == f"cost_{main_cost(params)}":
+        return "main"
+    return spec.ablation
+
+
+def per_slim(params: Params) -> bool:
+    return bool(params.raw.get("thresholds", {}).get("per_slim", True))
+
+
+def threshold_slim(params: Params, spec: RunSpec) -> str:
+    """Whose tuned thresholds a `viasd` run reads."""
+    return slim_name(params, spec) if per_slim(params) else "main"
+
+
+def slims_to_tune(params: Params) -> list[str]:
+    """`main`, plus (with `thresholds.per_slim`) every other slim a `viasd` run of `study.runs` uses."""
+    slims = ["main"]
+    if per_slim(params):
+        for run in params.study["runs"]:
+            spec = parse_run(run)
+            if spec.method == "viasd" and slim_name(params, spec) not in slims:
+                slims.append(slim_name(params, spec))
+    return slims
+
+
+def slim_spec(slim: str) -> RunSpec:
+    """The VIA-SD run that uses `slim`."""
+    return RunSpec("viasd", None if slim == "main" else slim)
+
+
+def mask_file(params: Params, pair: str, spec: RunSpec) -> Path | None:
+    """The routing mask a run loads, or None (no slim, or the independent model)."""
+    kind = spec.mask_kind
+    if kind is None:
+        return None
+    if kind == "main":
+        return mask_paths(params, pair)["mask"]
+    if kind.startswith("cost_"):
+        return mask_paths(params, pair, kind[len("cost_"):])["mask"]
+    return mask_paths(params, pair)[kind]
+
+
+def load_run_models(params: Params, pair: Pair, spec: RunSpec, mask: Path | None):
+    """Target + draft of the pair, and the run's slim verifier (a routed mask or the independent model)."""
+    from ..models import load_models
+
+    if mask is not None:
+        read_json(mask, "the routing mask")  # a missing mask names the stage that writes it
+    independent = None
+    if spec.routed and spec.ablation == "independent":
+        if not pair.independent:
+            raise StudyInputError(f"pair {pair.name} has no independent model (models.hub_pairs.{pair.name}.independent)")
+        independent = pair.independent
+    return load_models(pair.target, draft=pair.draft if spec.method != "ar" else None,
+                       masks=[mask] if mask is not None else [], device=params.device, dtype=pair.dtype,
+                       trust_remote_code=pair.trust_remote_code, independent=independent)
+
+
+def slim_description(params: Params, pair: str, spec: RunSpec):
+    """What stands in the slim's place, for outputs: the kept layers, `independent`, or None."""
+    if spec.routed and spec.ablation == "independent":
+        return "independent"
+    mask = mask_file(params, pair, spec)
+    return read_json(mask, "the routing mask")["keep_layers"] if mask is not None else None
