@@ -187,7 +187,7 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
         swept = json.loads(bench_paths(params, "smoke", "stdlib_continuation", kind)["json"].read_text())
         assert [p[kind] for p in swept["points"]] == values and swept["methods"] == ["ar", "sd"]
         assert all(p[m]["tokens_per_second"] > 0 for p in swept["points"] for m in ("ar", "sd"))
-        assert bench_paths(params, "smoke", "stdlib_continuation", kind)["md"].read_text().count("\n| ") == 2
+        assert bench_paths(params, "smoke", "stdlib_continuation", kind)["md"].read_text().count("\n| ") == 3  # header + 2 points
     assert main(["bench", *base, "--prompts", "1", "--repeats", "1", "--sweep", "position=8,16", "--cache", "static"]) == 0
     position = json.loads(bench_paths(params, "smoke", "stdlib_continuation", "position")["json"].read_text())
     assert set(position["last_vs_first"]) == {"hf_ar", "ar"} and position["cache"] == "static"
