@@ -189,7 +189,7 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
         assert all(p[m]["tokens_per_second"] > 0 for p in swept["points"] for m in ("ar", "sd"))
         assert bench_paths(params, "smoke", "stdlib_continuation", kind)["md"].read_text().count("\n| ") == 3  # header + 2 points
     assert main(["bench", *base, "--prompts", "1", "--repeats", "1", "--sweep", "position=8,16", "--cache", "static"]) == 0
-    position = json.loads(bench_paths(params, "smoke", "stdlib_continuation", "position")["json"].read_text())
+    position = json.loads(bench_paths(params, "smoke", "stdlib_continuation", "position", "static")["json"].read_text())
     assert set(position["last_vs_first"]) == {"hf_ar", "ar"} and position["cache"] == "static"
     assert all(p["ar"]["ms_per_token"] > 0 for p in position["points"])
     capsys.readouterr()

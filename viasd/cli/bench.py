@@ -54,7 +54,7 @@ def _bench(args) -> int:
                         cache=args.cache)
         for point in out["points"]:
             print(json.dumps(point))
-        print(bench_paths(params, pair.name, args.task, kind)["json"])
+        print(bench_paths(params, pair.name, args.task, kind, args.cache)["json"])
         return 0
     result = run_bench_stage(params, pair.name, args.task, chosen or list(HF + OURS), args.prompts, args.max_new_tokens, args.repeats,
                              args.gamma, args.device, args.dtype, cache=args.cache)
@@ -64,7 +64,7 @@ def _bench(args) -> int:
               f"acceptance {row['acceptance_rate'] if row['acceptance_rate'] is None else round(row['acceptance_rate'], 3)}")
     print(json.dumps({"ratios": result["ratios"],
                       "efficiency": {k: v["efficiency"] for k, v in result["efficiency"].items()}}))
-    paths = bench_paths(params, pair.name, args.task)
+    paths = bench_paths(params, pair.name, args.task, cache=args.cache)
     track(args, params, "bench", f"bench/{pair.name}/{args.task}",
            {k: result[k] for k in ("prompts", "max_new_tokens", "gamma", "repeats", "device", "dtype", "cache")},
            {f"ratio.{k}": v for k, v in result["ratios"].items()}

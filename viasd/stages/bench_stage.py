@@ -20,9 +20,11 @@ SWEEPS = ("gamma", "length", "prompt", "position")
 SWEEP_METHODS = ["hf_ar", "ar", "sd", "viasd"]
 
 
-def bench_paths(params: Params, pair: str, task: str, sweep: str | None = None) -> dict:
+def bench_paths(params: Params, pair: str, task: str, sweep: str | None = None, cache: str = "dynamic") -> dict:
+    """reports/bench/<pair>-<task>[-sweep-<kind>][-static].{json,md,png}: the cache kind is in the name, so
+    dynamic and static runs sit side by side."""
     base = params.reports_dir / "bench"
-    stem = f"{pair}-{task}" + (f"-sweep-{sweep}" if sweep else "")
+    stem = f"{pair}-{task}" + (f"-sweep-{sweep}" if sweep else "") + ("" if cache == "dynamic" else f"-{cache}")
     return {"json": base / f"{stem}.json", "md": base / f"{stem}.md", "png": base / f"{stem}.png"}
 
 
@@ -80,7 +82,7 @@ def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: l
                    "repeats": repeats, "cache": cache, "device": str(next(models.target.parameters()).device),
                    "dtype": str(next(models.target.parameters()).dtype), "slim_layers": (
                        list(models.slims[0].mask.keep_layers) if models.slims else None)})
-    paths = bench_paths(params, pair.name, task)
+    paths = bench_paths(params, pair.name, task, cache=cache)
     write_text(paths["md"], markdown(result, f"viasd bench: {pair.name} on {task}, {prompts} prompts x {max_new} "
                                               f"tokens, gamma {gamma}, {result['device']}"))
     write_json(paths["json"], result)
@@ -130,7 +132,7 @@ def _write_sweep(params, pair, task, kind, values, methods, points, gamma, max_n
            "points": points, "gamma": gamma, "max_new_tokens": max_new, "prompts": prompts}
     if kind == "position" and len(points) > 1:
         out["last_vs_first"] = {m: points[-1][m]["ms_per_token"] / points[0][m]["ms_per_token"] for m in methods}
-    paths = bench_paths(params, pair, task, kind)
+    paths = bench_paths(params, pair, task, kind, cache)
     unit = "ms per token" if kind == "position" else "tokens/s (peak MB)"
     lines = [f"# {pair} on {task}: {unit} vs {kind}\n", "| " + kind + " | " + " | ".join(methods) + " |",
              "|---|" + "---|" * len(methods)]
