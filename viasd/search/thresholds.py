@@ -40,9 +40,14 @@ class ThresholdConfig:
 
 
 class DevSet:
-    """Dev prompts with the target's greedy outputs and per-pass costs, computed once."""
+    """Dev prompts with the target's greedy outputs and per-pass costs, computed once.
 
-    def __init__(self, models: ModelSet, examples: list[Example], max_new_tokens: int, stop_strings=()):
+    `pass_cost` (seconds per pass of `draft`, `slim`, `target`) measured elsewhere replaces this set's own
+    measurement: searches for several slim verifiers of the same size then differ by their pass counts,
+    not by timing noise."""
+
+    def __init__(self, models: ModelSet, examples: list[Example], max_new_tokens: int, stop_strings=(),
+                 pass_cost: dict[str, float] | None = None):
         self.models = models
         self.prompts = [e.prompt_ids if e.prompt_ids is not None else models.encode(e.prompt) for e in examples]
         self.base = DecodePolicy(method="viasd", max_new_tokens=max_new_tokens, stop_strings=tuple(stop_strings))
@@ -50,6 +55,9 @@ class DevSet:
         self.reference = [r.token_ids for r in ar]
         ar_stats = DecodeStats.merge([r.stats for r in ar])
         self.ar_seconds_per_token = ar_stats.wall_time_s / max(ar_stats.new_tokens, 1)
+        if pass_cost is not None:
+            self.pass_cost = dict(pass_cost)
+            return
         probe = DecodeStats.merge([models.generate(p, replace(self.base, gamma=4, tau_accept=math.inf,
                                                              tau_slim=math.inf)).stats for p in self.prompts[:2]])
         self.pass_cost = {m: probe.time_s[m] / max(probe.passes[m], 1) for m in ("draft", "slim", "target")}
@@ -64,6 +72,7 @@ class DevSet:
                 "quality_drop": 1 - agree, "rejection_rate": stats.rejection_rate,
                 "acceptance_rate": stats.acceptance_rate, "block_escalation_rate": stats.block_escalation_rate,
                 "full_passes_per_token": stats.full_passes_per_token(),
+                "passes_per_token": {m: stats.passes.get(m, 0) / tokens for m in self.pass_cost},
                 "speedup_model_vs_ar": (self.pass_cost["target"] / modeled) if modeled else None}
 
 

@@ -58,7 +58,8 @@ SLIM_COLUMNS = (("slim", "slim"), ("layers", "kept layers"), ("gamma", "γ"), ("
                 ("tau_slim", "τ_slim"), ("score", "score"), ("confidence", "confidence"),
                 ("cost_per_token", "cost/token (model)"), ("cost_vs_sd", "cost vs sd"),
                 ("wall_per_token", "wall s/token"), ("rejection_rate", "rejection rate"),
-                ("full_passes_per_token", "full passes/token"), ("agreement", "agreement"))
+                ("slim_passes_per_token", "slim passes/token"), ("full_passes_per_token", "full passes/token"),
+                ("agreement", "agreement"))
 
 
 def slim_rows(params: Params, pair: str, task: str) -> list[dict]:
@@ -74,7 +75,8 @@ def slim_rows(params: Params, pair: str, task: str) -> list[dict]:
         rows.append({"slim": slim, "layers": " ".join(map(str, layers)) if isinstance(layers, list) else layers,
                      **{k: tuned[k] for k in ("gamma", "tau_accept", "tau_slim", "score", "confidence", "cost_vs_sd")},
                      **{k: tuned["dev"].get(k) for k in ("cost_per_token", "wall_per_token", "rejection_rate",
-                                                         "full_passes_per_token", "agreement")}})
+                                                         "full_passes_per_token", "agreement")},
+                     "slim_passes_per_token": (tuned["dev"].get("passes_per_token") or {}).get("slim")})
     return rows
 
 
@@ -154,7 +156,7 @@ def run_report_stage(params: Params) -> dict:
                     f"![frontier](plots/{key}-frontier.png) ![tiers](plots/{key}-tiers.png)\n",
                     f"Slim verifiers on the dev split, each with thresholds tuned for it (quality drop at most "
                     f"{params.raw['thresholds'].get('max_quality_drop')}); cost/token is the cost model of "
-                    "DESIGN.md §2.4 with measured per-pass costs:\n", slims_md]
+                    "DESIGN.md §2.4 with per-pass costs measured once (in the DIMR mask's search) and shared:\n", slims_md]
         headline[key] = {e["run"]: {"speedup_vs_ar": e.get("speedup_vs_ar"), "rejection_rate": e.get("rejection_rate")}
                          for e in evals}
     for pair in params.study["pairs"]:

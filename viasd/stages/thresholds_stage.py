@@ -52,19 +52,35 @@ def threshold_paths(params: Params, task: str, pair: str | None = None, slim: st
 
 def run_thresholds_stage(params: Params, task: str | None = None, progress: bool = True,
                          pair: Pair | None = None, slims: list[str] | None = None) -> dict[str, dict]:
-    """Tune the thresholds of each slim (default: `slims_to_tune`); returns {slim: result}."""
+    """Tune the thresholds of each slim (default: `slims_to_tune`); returns {slim: result}.
+
+    The per-pass costs of the cost model are measured once, in the `main` (DIMR mask) search, and shared
+    by the other slims' searches (every slim has the budget's size), so slims are compared by what they
+    do (pass counts at the quality constraint), not by timing noise between searches."""
     pair = pair or params.pair()
     task = task or params.raw.get("thresholds", {}).get("task", "stdlib_continuation")
-    return {slim: tune_slim(params, pair, task, slim, progress) for slim in (slims or slims_to_tune(params))}
+    slims = slims or slims_to_tune(params)
+    results: dict[str, dict] = {}
+    if "main" in slims:
+        results["main"] = tune_slim(params, pair, task, "main", progress)
+    shared = results["main"]["pass_cost_s"] if "main" in results else None
+    for slim in slims:
+        if slim != "main":
+            results[slim] = tune_slim(params, pair, task, slim, progress, shared)
+    return results
 
 
-def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool = True) -> dict:
+def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool = True,
+              pass_cost: dict[str, float] | None = None) -> dict:
+    """One slim's search; `pass_cost` shares per-pass costs measured in another search (None: measure)."""
     section = params.raw.get("thresholds", {})
     cfg = threshold_config(params)
     paths = threshold_paths(params, task, pair.name, slim)
     spec = slim_spec(slim)
     signature = {"config": asdict(cfg), "task": task, "dev_prompts": section.get("dev_prompts"), "slim": slim,
                  "mask": slim_description(params, pair.name, spec)}
+    if pass_cost is not None:
+        signature["pass_cost_s"] = pass_cost
     signature = json.loads(json.dumps(signature))  # as it reads back from the file
     if paths["json"].exists() and json.loads(paths["json"].read_text()).get("signature") == signature:
         log.info("thresholds %s are up to date; nothing to do", paths["json"])
@@ -72,7 +88,7 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     models = load_run_models(params, pair, spec, mask_file(params, pair.name, spec))
     examples = load_examples(params.data.dir, task, "dev")[: section.get("dev_prompts")]
     max_new = params.tasks.get(task, {}).get("max_new_tokens", 128)
-    dev = DevSet(models, examples, max_new, get_task(task).stop_strings)
+    dev = DevSet(models, examples, max_new, get_task(task).stop_strings, pass_cost)
     log.info("tuning thresholds for %s on %s with slim %s", pair.name, task, slim)
     out = tune_thresholds(dev, cfg, optuna_storage(params, paths["storage"]),
                           study_name(f"thresholds-{pair.name}-{task}-{slim}", signature), progress)
@@ -80,10 +96,10 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     result = {
         "gamma": best["gamma"], "tau_accept": best["tau_accept"], "tau_slim": best["tau_slim"],
         "score": best["score"], "confidence": best["confidence"], "task": task, "pair": pair.name, "slim": slim,
-        "mask": signature["mask"], "dev": {k: best[k] for k in ("cost_per_token", "wall_per_token", "agreement",
+        "mask": signature["mask"], "dev": {k: best.get(k) for k in ("cost_per_token", "wall_per_token", "agreement",
                                                                 "quality_drop", "rejection_rate", "acceptance_rate",
                                                                 "block_escalation_rate", "full_passes_per_token",
-                                                                "speedup_model_vs_ar")},
+                                                                "passes_per_token", "speedup_model_vs_ar")},
         "sd_same_gamma": {k: out["sd"][k] for k in ("cost_per_token", "wall_per_token", "rejection_rate",
                                                      "acceptance_rate")},
         "cost_vs_sd": best["cost_per_token"] / out["sd"]["cost_per_token"],
