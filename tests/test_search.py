@@ -181,6 +181,13 @@ def test_thresholds_stage_and_infeasible_constraint(study, tmp_path):
     assert results["main"]["mask"] == json.loads(masks["mask"].read_text())["keep_layers"]
     assert results["mask_random"]["mask"] == json.loads(masks["random"].read_text())["keep_layers"]
     assert results["independent"]["mask"] == "independent"
+    # one measurement of the per-pass costs (in the DIMR mask's search), shared by the other slims' searches
+    main_cost = results["main"]["pass_cost_s"]
+    assert all(r["pass_cost_s"] == main_cost for r in results.values())
+    assert all(r["signature"]["pass_cost_s"] == main_cost for s, r in results.items() if s != "main")
+    for r in results.values():  # the cost model over the best trial's pass counts
+        per = r["dev"]["passes_per_token"]
+        assert r["dev"]["cost_per_token"] == pytest.approx(sum(per[m] * main_cost[m] for m in main_cost))
     again = run_thresholds_stage(params, progress=False)  # no-op re-run
     assert again == {slim: {**r, "up_to_date": True} for slim, r in results.items()}
 
@@ -244,7 +251,14 @@ def test_killed_threshold_search_resumes(study, tmp_path):
     storage = f"sqlite:///{paths['storage']}"
     before = {t.number: t.params for t in _complete(storage, "thresholds-smoke-humaneval-main")}
     assert 3 <= len(before) < 14 and not paths["json"].exists()
+    killed_costs = optuna.load_study(study_name=optuna.get_all_study_names(storage)[0], storage=storage).user_attrs[
+        "pass_cost_s"]
     result = run_thresholds_stage(resumed, progress=False, slims=["main"])["main"]
     after = _complete(storage, "thresholds-smoke-humaneval-main")
+    # the resumed search costs its trials with the per-pass costs the killed one measured
+    assert result["pass_cost_s"] == killed_costs
+    for t in after:
+        per = t.user_attrs["passes_per_token"]
+        assert t.value == pytest.approx(sum(per[m] * killed_costs[m] for m in killed_costs))
     assert len(after) == result["trials"] == 14
     assert all(t.params == before[t.number] for t in after if t.number in before)

@@ -84,6 +84,12 @@ def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage: str, study_name:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
     study = optuna.create_study(storage=storage, study_name=study_name, direction="minimize", load_if_exists=True)
+    # the cost model's per-pass costs belong to the study: measured (or shared) when it starts and read back
+    # when it resumes, so every trial's objective uses the same costs
+    if "pass_cost_s" in study.user_attrs:
+        dev.pass_cost = dict(study.user_attrs["pass_cost_s"])
+    else:
+        study.set_user_attr("pass_cost_s", dev.pass_cost)
     complete = optuna.trial.TrialState.COMPLETE
     done = [t for t in study.trials if t.state == complete]
     bar = tqdm(total=cfg.n_trials, initial=len(done), desc="threshold search", disable=not progress, unit="trial")
