@@ -56,8 +56,8 @@ def report_paths(params: Params) -> dict:
 
 SLIM_COLUMNS = (("slim", "slim"), ("layers", "kept layers"), ("gamma", "γ"), ("tau_accept", "τ_accept"),
                 ("tau_slim", "τ_slim"), ("score", "score"), ("confidence", "confidence"),
-                ("cost_per_token", "cost/token (model)"), ("cost_vs_sd", "cost vs sd"),
-                ("wall_per_token", "wall s/token"), ("rejection_rate", "rejection rate"),
+                ("cost_ms_per_token", "cost ms/token (model)"), ("cost_vs_sd", "cost vs sd"),
+                ("wall_ms_per_token", "wall ms/token"), ("rejection_rate", "rejection rate"),
                 ("slim_passes_per_token", "slim passes/token"), ("full_passes_per_token", "full passes/token"),
                 ("agreement", "agreement"))
 
@@ -74,8 +74,8 @@ def slim_rows(params: Params, pair: str, task: str) -> list[dict]:
         layers = tuned["mask"]
         rows.append({"slim": slim, "layers": " ".join(map(str, layers)) if isinstance(layers, list) else layers,
                      **{k: tuned[k] for k in ("gamma", "tau_accept", "tau_slim", "score", "confidence", "cost_vs_sd")},
-                     **{k: tuned["dev"].get(k) for k in ("cost_per_token", "wall_per_token", "rejection_rate",
-                                                         "full_passes_per_token", "agreement")},
+                     **{f"{k}_ms_per_token": 1000 * tuned["dev"][f"{k}_per_token"] for k in ("cost", "wall")},
+                     **{k: tuned["dev"].get(k) for k in ("rejection_rate", "full_passes_per_token", "agreement")},
                      "slim_passes_per_token": (tuned["dev"].get("passes_per_token") or {}).get("slim")})
     return rows
 
