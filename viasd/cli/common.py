@@ -54,6 +54,13 @@ def add_pair(p) -> None:
     p.add_argument("--pair", help="a pair of study.pairs (default: the first)")
 
 
+def add_grid_cell(p) -> None:
+    """--pair, --task, --run: one cell of the study grid (see `grid_cell`)."""
+    add_pair(p)
+    p.add_argument("--task", required=True)
+    p.add_argument("--run", required=True, help="a method, or method-ablation, e.g. viasd-mask_random")
+
+
 
 def scalars(data: dict) -> dict:
     return {k: v for k, v in data.items() if not isinstance(v, (dict, list, str))}

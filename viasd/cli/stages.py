@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from .common import (
+    add_grid_cell,
     add_pair,
     cell_tags,
     experiment,
@@ -149,9 +150,7 @@ def _tune_thresholds(args) -> int:
 
 def _add_decode(sub) -> None:
     p = stage_parser(sub, "decode", "decode a task's test prompts with one run of the study grid (vs ar)", _decode)
-    add_pair(p)
-    p.add_argument("--task", required=True)
-    p.add_argument("--run", required=True, help="a method, or method-ablation, e.g. viasd-mask_random")
+    add_grid_cell(p)
     p.add_argument("--limit", type=int, help="decode only the first N examples")
 
 
@@ -175,9 +174,7 @@ def _decode(args) -> int:
 
 def _add_evaluate(sub) -> None:
     p = stage_parser(sub, "evaluate", "the task's quality metrics for one decode output", _evaluate)
-    add_pair(p)
-    p.add_argument("--task", required=True)
-    p.add_argument("--run", required=True)
+    add_grid_cell(p)
 
 
 

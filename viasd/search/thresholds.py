@@ -40,11 +40,11 @@ class ThresholdConfig:
 
 
 class DevSet:
-    """Dev prompts with the target's greedy outputs and per-pass costs, computed once.
+    """Dev prompts with the target's greedy outputs, computed once, and the cost model's per-pass costs.
 
-    `pass_cost` (seconds per pass of `draft`, `slim`, `target`) measured elsewhere replaces this set's own
-    measurement: searches for several slim verifiers of the same size then differ by their pass counts,
-    not by timing noise."""
+    `pass_cost` (seconds per pass of `draft`, `slim`, `target`) measured elsewhere is used as given:
+    searches for several slim verifiers of the same size then differ by their pass counts, not by
+    timing noise. Without it, `measure_pass_cost` times them here (once, on first need)."""
 
     def __init__(self, models: ModelSet, examples: list[Example], max_new_tokens: int, stop_strings=(),
                  pass_cost: dict[str, float] | None = None):
@@ -55,12 +55,14 @@ class DevSet:
         self.reference = [r.token_ids for r in ar]
         ar_stats = DecodeStats.merge([r.stats for r in ar])
         self.ar_seconds_per_token = ar_stats.wall_time_s / max(ar_stats.new_tokens, 1)
-        if pass_cost is not None:
-            self.pass_cost = dict(pass_cost)
-            return
-        probe = DecodeStats.merge([models.generate(p, replace(self.base, gamma=4, tau_accept=math.inf,
-                                                             tau_slim=math.inf)).stats for p in self.prompts[:2]])
+        self.pass_cost = dict(pass_cost) if pass_cost is not None else None
+
+    def measure_pass_cost(self) -> dict[str, float]:
+        """Seconds per pass of each model, from `sd`-like decodes (tiers off) of the first two prompts."""
+        probe = DecodeStats.merge([self.models.generate(p, replace(self.base, gamma=4, tau_accept=math.inf,
+                                                                  tau_slim=math.inf)).stats for p in self.prompts[:2]])
         self.pass_cost = {m: probe.time_s[m] / max(probe.passes[m], 1) for m in ("draft", "slim", "target")}
+        return self.pass_cost
 
     def evaluate(self, policy: DecodePolicy) -> dict:
         results = [self.models.generate(p, policy) for p in self.prompts]
@@ -89,7 +91,7 @@ def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage: str, study_name:
     if "pass_cost_s" in study.user_attrs:
         dev.pass_cost = dict(study.user_attrs["pass_cost_s"])
     else:
-        study.set_user_attr("pass_cost_s", dev.pass_cost)
+        study.set_user_attr("pass_cost_s", dev.pass_cost or dev.measure_pass_cost())
     complete = optuna.trial.TrialState.COMPLETE
     done = [t for t in study.trials if t.state == complete]
     bar = tqdm(total=cfg.n_trials, initial=len(done), desc="threshold search", disable=not progress, unit="trial")
