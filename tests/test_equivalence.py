@@ -97,21 +97,25 @@ def test_stop_string_cuts_like_the_reference(model_sets, tokenizer):
         assert stop not in tokenizer.decode(cut.token_ids[:-1])
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
-def test_static_cache_gives_the_same_tokens(model_sets, tokenizer, arch):
-    """The preallocated cache (policy.cache='static') is a speed option only: same tokens, same passes,
-    rollbacks included (overwritten in place)."""
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "gemma2"])
+def test_every_cache_kind_gives_the_same_tokens(model_sets, tokenizer, arch):
+    """The KV cache kind (policy.cache) is a speed option only: `inplace` (the default, buffers written in
+    place), `dynamic` (transformers' DynamicCache) and `static` (StaticCache) give the same tokens and
+    passes, rollbacks included (overwritten in place). Gemma2 mixes sliding-window layers (kept as
+    transformers' own) with full ones (in place); StaticCache refuses it (test below)."""
     models = model_sets(arch)
     ids = tokenizer(PROMPTS[1])["input_ids"]
     reference = hf_greedy(models, ids, N_NEW, None)
+    kinds = ("dynamic",) if arch == "gemma2" else ("dynamic", "static")
     for method, kw in (("ar", {}), ("sd", {}), ("cascade_sd", {}), ("viasd", {"tau_accept": 1.2, "tau_slim": 0.5}),
                        ("spec_cascade", {})):
-        dynamic = run(models, ids, method, 3, **kw)
-        static = run(models, ids, method, 3, cache="static", **kw)
-        assert static.token_ids == dynamic.token_ids, method
-        assert static.stats.passes == dynamic.stats.passes, method
+        inplace = run(models, ids, method, 3, cache="inplace", **kw)
+        for kind in kinds:
+            other = run(models, ids, method, 3, cache=kind, **kw)
+            assert other.token_ids == inplace.token_ids, (method, kind)
+            assert other.stats.passes == inplace.stats.passes, (method, kind)
         if method in ("ar", "sd", "cascade_sd"):
-            assert static.token_ids == reference, method
+            assert inplace.token_ids == reference, method
 
 
 def test_static_cache_refuses_sliding_windows(model_sets, tokenizer):

@@ -79,15 +79,16 @@ def test_slim_view_equals_a_model_of_the_kept_layers(arch):
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "gemma2", "opt"])
 @pytest.mark.parametrize("keep", [[1, 3], [2]])
-def test_routed_cache_is_exact_and_rolls_back(arch, keep):
+@pytest.mark.parametrize("kind", ["inplace", "dynamic"])
+def test_routed_cache_is_exact_and_rolls_back(arch, keep, kind):
     """Incremental decoding through the routed cache (dropped layers, even layer 0) equals a full
-    forward, and a rollback leaves no trace."""
+    forward, and a rollback leaves no trace (in-place buffers of capacity 12: they grow once, past 12)."""
     target = random_model(arch)
     slim = SlimVerifier(target, RoutingMask.from_layers(keep, 4))
     ids = torch.randint(1, 64, (1, 24), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         reference = slim(ids, use_cache=False).logits[0]
-        cache = slim.new_cache()
+        cache = slim.new_cache(kind, 12)
         cache.activate_past_recording()
         slim.model(input_ids=ids[:, :10], cache=cache, use_cache=True)
         slim.model(input_ids=ids[:, 10:16], cache=cache, use_cache=True)  # a block to reject

@@ -174,6 +174,7 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     assert set(result["efficiency"]) == {"sd", "cascade_sd", "spec_cascade", "viasd"}
     assert all({"measured_speedup", "ideal_speedup", "efficiency"} <= set(v) for v in result["efficiency"].values())
     assert result["best_hf_assisted"] in ("hf_assisted", "hf_assisted_fixed") and result["gamma"] == 3
+    assert result["cache"] == "inplace"  # decode.cache, the default: no cache kind in the file name
     assert bench_paths(params, "smoke", "stdlib_continuation")["md"].read_text().startswith("# viasd bench")
 
     assert main(["bench", *base, "--prompts", "1", "--repeats", "1", "--max-new-tokens", "8",

@@ -31,7 +31,7 @@ import torch
 
 from .errors import ViasdError
 from .models import ModelSet
-from .policy import DecodePolicy
+from .policy import DEFAULT_CACHE, DecodePolicy
 from .stats import DecodeStats
 
 log = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ def hf_generate(models: ModelSet, max_new_tokens: int, assistant: bool, assistan
 
 
 def method_table(models: ModelSet, names: list[str], gamma: int, max_new_tokens: int, viasd: dict | None = None,
-                 spec_cascade: dict | None = None, cache: str = "dynamic") -> list[BenchMethod]:
+                 spec_cascade: dict | None = None, cache: str = DEFAULT_CACHE) -> list[BenchMethod]:
     """The benchmark's methods: ours with `gamma` (viasd with its tuned thresholds when given), and HF's."""
     base = DecodePolicy(method="ar", gamma=gamma, max_new_tokens=max_new_tokens, eos_token_ids=(), exact_timing=True,
                         cache=cache)

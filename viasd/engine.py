@@ -18,6 +18,7 @@ from torch import nn
 from .errors import PolicyError, PromptError
 from .policy import DecodePolicy
 from .intermediate import IndependentVerifier
+from .kv_cache import model_cache
 from .routing import SlimVerifier
 from .runner import ModelRunner
 from .sampling import Sampler
@@ -74,11 +75,11 @@ class DecodeSession:
         def runner(name, model, new_cache):
             return ModelRunner(name, model, new_cache, vocab_size, policy.exact_timing)
 
-        max_len = capacity if policy.cache == "static" else None
-        self.target = runner("target", target, lambda: model_cache(target, max_len))
-        self.draft = runner("draft", draft, lambda: model_cache(draft, max_len)) if draft is not None else None
+        kind = policy.cache
+        self.target = runner("target", target, lambda: model_cache(target, kind, capacity))
+        self.draft = runner("draft", draft, lambda: model_cache(draft, kind, capacity)) if draft is not None else None
         self.slims = [
-            runner("slim" if len(slims) == 1 else f"slim{k}", s.model, (lambda s=s: s.new_cache(max_len)))
+            runner("slim" if len(slims) == 1 else f"slim{k}", s.model, (lambda s=s: s.new_cache(kind, capacity)))
             for k, s in enumerate(slims)
         ]
         self.runners = [r for r in (self.draft, *self.slims, self.target) if r is not None]
@@ -141,18 +142,6 @@ class DecodeSession:
             stats.tokens_processed[r.name] = r.tokens
             stats.time_s[r.name] = r.seconds
         return DecodeResult(list(self.generated), stats)
-
-
-def model_cache(model: nn.Module, max_len: int | None = None):
-    """A DynamicCache, or with `max_len` a StaticCache preallocated for that many positions."""
-    from transformers import DynamicCache, StaticCache
-
-    if max_len is None:
-        return DynamicCache(config=model.config)
-    cache = StaticCache(config=model.config, max_cache_len=max_len)
-    if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
-        raise PolicyError("cache='static' does not support sliding-window attention models; use the dynamic cache")
-    return cache
 
 
 def decode(prompt_ids: Sequence[int], policy: DecodePolicy, target: nn.Module, vocab_size: int,

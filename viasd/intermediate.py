@@ -7,16 +7,16 @@ from __future__ import annotations
 
 from torch import nn
 
+from .kv_cache import model_cache
+
 
 class IndependentVerifier:
     def __init__(self, model: nn.Module, name: str = "independent"):
         self.model = model
         self.name = name
 
-    def new_cache(self, max_len: int | None = None):
-        from .engine import model_cache
-
-        return model_cache(self.model, max_len)
+    def new_cache(self, kind: str = "dynamic", capacity: int | None = None):
+        return model_cache(self.model, kind, capacity)
 
     def __call__(self, input_ids, cache=None, **kwargs):
         return self.model(input_ids=input_ids, cache=cache, **kwargs)

@@ -11,6 +11,8 @@ from .sampling import SamplingConfig
 METHODS = ("ar", "sd", "cascade_sd", "spec_cascade", "viasd")
 LOSSLESS = frozenset({"ar", "sd", "cascade_sd"})
 SPEC_CASCADE_RULES = ("chow", "diff", "opt", "token_v1", "token_v2", "token_v3")
+CACHE_KINDS = ("inplace", "dynamic", "static")  # KV cache of each runner (viasd.kv_cache)
+DEFAULT_CACHE = "inplace"
 
 
 def _as_levels(value, n: int, name: str) -> tuple[float, ...]:
@@ -31,9 +33,10 @@ class DecodePolicy:
     slim verifier for the N-tier form; `inf` switches a tier off), `score`, `confidence`, `max_lag`
     (0 = never force a catch-up). `spec_cascade`: `rule`, `alpha`. `cascade_sd`: `gamma_slim`, the
     number of slim-level tokens collected before the full model verifies (default `2 * gamma`).
-    `cache`: `dynamic` (transformers' DynamicCache, grows by concatenation) or `static` (preallocated
-    for prompt + max_new_tokens + gamma + 1 positions; attention then spans the whole buffer, so it pays
-    off for long generations; not for sliding-window models).
+    `cache` (`CACHE_KINDS`, see `kv_cache`): `inplace` (buffers for prompt + max_new_tokens + gamma + 1
+    positions written in place, attention over the filled prefix), `dynamic` (transformers'
+    DynamicCache, grows by concatenation) or `static` (transformers' StaticCache; attention spans the
+    whole buffer; not for sliding-window models). All three give the same tokens.
     """
 
     method: str = "viasd"
@@ -52,7 +55,7 @@ class DecodePolicy:
     alpha: float = 0.1
     gamma_slim: int | None = None
     exact_timing: bool = True
-    cache: str = "dynamic"  # "static": preallocated KV caches (constant per-token cost, no torch.cat growth)
+    cache: str = DEFAULT_CACHE
 
     def __post_init__(self):
         from .tiers import CONFIDENCES, SCORES
@@ -71,8 +74,8 @@ class DecodePolicy:
             raise PolicyError(f"unknown spec_cascade rule {self.rule!r}; choose one of {', '.join(SPEC_CASCADE_RULES)}")
         if not self.alpha >= 0:
             raise PolicyError(f"alpha (lenience) must be >= 0, got {self.alpha}")
-        if self.cache not in ("dynamic", "static"):
-            raise PolicyError(f"cache must be 'dynamic' or 'static', got {self.cache!r}")
+        if self.cache not in CACHE_KINDS:
+            raise PolicyError(f"cache must be one of {', '.join(CACHE_KINDS)}, got {self.cache!r}")
         if self.max_lag < 0:
             raise PolicyError(f"max_lag must be >= 0 (0 = never force a catch-up), got {self.max_lag}")
         if self.gamma_slim is not None and self.gamma_slim < 1:

@@ -17,7 +17,7 @@ How the view is built (explicitly, never by mutating the target):
   every per-layer list (e.g. Gemma2's `layer_types`) restricted to the kept layers, so that forward
   loops indexing `config.layer_types[i]` by position pick the kept layer's attention type;
 - each kept block keeps its original `layer_idx`, so its KV cache lives in the same slot as in the
-  target: the view's cache (`RoutedCache`) has the target's `L` slots, with a `DummyLayer` (stores
+  target: the view's cache (`new_cache`) has the target's `L` slots, with a `DummyLayer` (stores
   nothing) in every dropped slot.
 """
 
@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torch import nn
-from transformers import DynamicCache
 from transformers.cache_utils import DummyLayer
 
 from .errors import MaskError, UnsupportedArchitectureError
+from .kv_cache import model_cache
 
 
 def decoder_config(model: nn.Module):
@@ -157,19 +157,6 @@ def _routed_config(config, keep: tuple[int, ...]):
     return routed
 
 
-class RoutedCache(DynamicCache):
-    """A DynamicCache with the target's `L` layer slots where dropped layers hold a `DummyLayer`.
-
-    Kept blocks write to their own `layer_idx` slot; sequence length and mask sizes are read from the
-    first real slot (transformers skips dummy slots for both).
-    """
-
-    def __init__(self, config, keep_layers: tuple[int, ...]):
-        super().__init__(config=config)
-        keep = set(keep_layers)
-        self.layers = [layer if i in keep else DummyLayer() for i, layer in enumerate(self.layers)]
-
-
 class SlimVerifier:
     """The target routed through `mask`: `.model` is a causal LM module sharing the target's weights.
 
@@ -202,7 +189,7 @@ class SlimVerifier:
                 node.__dict__["config"] = self.config
         self.model = root
 
-    def __call__(self, input_ids, cache: RoutedCache | None = None, **kwargs):
+    def __call__(self, input_ids, cache=None, **kwargs):
         """Forward through the kept layers: `input_ids` `[B, T]` -> output with `.logits` `[B, T, V]`.
 
         Without a `cache`, a fresh routed one is used (the view's own `DynamicCache` default would have
@@ -210,13 +197,13 @@ class SlimVerifier:
         """
         return self.model(input_ids=input_ids, cache=self.new_cache() if cache is None else cache, **kwargs)
 
-    def new_cache(self, max_len: int | None = None):
-        """The target's cache layout with dummy slots for dropped layers (static when `max_len` is given)."""
-        if max_len is None:
-            return RoutedCache(self.target.config, self.mask.keep_layers)
-        from .engine import model_cache
+    def new_cache(self, kind: str = "dynamic", capacity: int | None = None):
+        """The target's cache layout (`kv_cache.model_cache`) with a `DummyLayer` in each dropped layer's slot.
 
-        cache = model_cache(self.target, max_len)
+        Kept blocks write to their own `layer_idx` slot; sequence length and mask sizes are read from the
+        first real slot (transformers skips dummy slots for both).
+        """
+        cache = model_cache(self.target, kind, capacity)
         keep = set(self.mask.keep_layers)
         cache.layers = [layer if i in keep else DummyLayer() for i, layer in enumerate(cache.layers)]
         return cache
@@ -247,7 +234,6 @@ def shares_storage(slim: SlimVerifier) -> bool:
 __all__ = [
     "RoutingMask",
     "SlimVerifier",
-    "RoutedCache",
     "find_layer_stack",
     "num_decoder_layers",
     "evenly_spaced_mask",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from ..errors import ViasdError
+from ..policy import CACHE_KINDS, DEFAULT_CACHE
 from .common import add_pair, load_params, stage_parser, track
 
 
@@ -21,8 +22,9 @@ def _add_bench(sub) -> None:
     p.add_argument("--gamma", type=int, help="draft block length (default: decode.gamma)")
     p.add_argument("--methods", help="comma-separated (default: all; a sweep: hf_ar,ar,sd,viasd), from: "
                    + ", ".join(HF + OURS))
-    p.add_argument("--cache", default="dynamic", choices=["dynamic", "static"],
-                   help="KV cache of our methods: dynamic (grows by concatenation) or static (preallocated)")
+    p.add_argument("--cache", choices=CACHE_KINDS,
+                   help="KV cache of our methods (default: decode.cache): inplace (written in place, attention over "
+                        "the filled prefix), dynamic (transformers' DynamicCache) or static (transformers' StaticCache)")
     p.add_argument("--sweep", metavar="KIND=V1,V2,...",
                    help="scaling run instead: gamma=1,2,4,8 | length=64,128,256,512 | prompt=32,128,384")
     p.add_argument("--device", default="auto")
@@ -41,6 +43,7 @@ def _bench(args) -> int:
 
     chosen = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
     pair = params.pair(args.pair)
+    args.cache = args.cache or params.raw["decode"].get("cache", DEFAULT_CACHE)
     if args.sweep:
         kind, _, values = args.sweep.partition("=")
         try:

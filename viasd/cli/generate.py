@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import ViasdError
+from ..policy import CACHE_KINDS, DEFAULT_CACHE
 
 
 def _float(text: str) -> float:
@@ -47,7 +48,8 @@ def _add_generate(sub) -> None:
     p.add_argument("--score", default="ratio", choices=sorted(SCORES))
     p.add_argument("--confidence", default="max_prob", choices=sorted(CONFIDENCES))
     p.add_argument("--max-lag", type=int, default=0, help="force a full-model catch-up above this lag (0 = never)")
-    p.add_argument("--cache", default="dynamic", choices=["dynamic", "static"], help="KV cache kind (static: preallocated)")
+    p.add_argument("--cache", default=DEFAULT_CACHE, choices=CACHE_KINDS,
+                   help="KV cache kind: inplace (default), dynamic (transformers' DynamicCache), static (StaticCache)")
     p.add_argument("--rule", default="opt", choices=SPEC_CASCADE_RULES, help="spec_cascade deferral rule")
     p.add_argument("--alpha", type=float, default=0.1, help="spec_cascade lenience")
     p.add_argument("--gamma-slim", type=int, help="cascade_sd: slim-level tokens per full verification")

@@ -11,6 +11,7 @@ import logging
 
 from ..benchmark import BenchError, markdown, method_table, per_token_seconds, run_benchmark
 from ..config import Params
+from ..policy import DEFAULT_CACHE
 from ..io import write_json, write_text
 from .dimr_stage import mask_paths
 from .thresholds_stage import threshold_paths
@@ -20,11 +21,11 @@ SWEEPS = ("gamma", "length", "prompt", "position")
 SWEEP_METHODS = ["hf_ar", "ar", "sd", "viasd"]
 
 
-def bench_paths(params: Params, pair: str, task: str, sweep: str | None = None, cache: str = "dynamic") -> dict:
-    """reports/bench/<pair>-<task>[-sweep-<kind>][-static].{json,md,png}: the cache kind is in the name, so
-    dynamic and static runs sit side by side."""
+def bench_paths(params: Params, pair: str, task: str, sweep: str | None = None, cache: str = DEFAULT_CACHE) -> dict:
+    """reports/bench/<pair>-<task>[-sweep-<kind>][-<cache>].{json,md,png}: a cache kind other than the default
+    (`inplace`) is in the name, so runs with each kind sit side by side."""
     base = params.reports_dir / "bench"
-    stem = f"{pair}-{task}" + (f"-sweep-{sweep}" if sweep else "") + ("" if cache == "dynamic" else f"-{cache}")
+    stem = f"{pair}-{task}" + (f"-sweep-{sweep}" if sweep else "") + ("" if cache == DEFAULT_CACHE else f"-{cache}")
     return {"json": base / f"{stem}.json", "md": base / f"{stem}.md", "png": base / f"{stem}.png"}
 
 
@@ -71,7 +72,7 @@ def viasd_settings(params: Params, pair: str, task: str) -> dict:
 
 def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: list[str], prompts: int,
                     max_new_tokens: int | None, repeats: int, gamma: int | None, device: str, dtype: str,
-                    progress: bool = True, cache: str = "dynamic") -> dict:
+                    progress: bool = True, cache: str = DEFAULT_CACHE) -> dict:
     pair, models = load_bench_models(params, pair_name, device, dtype)
     gamma = gamma or params.raw["decode"]["gamma"]
     max_new = max_new_tokens or params.tasks.get(task, {}).get("max_new_tokens", 128)
@@ -91,7 +92,7 @@ def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: l
 
 def run_sweep(params: Params, pair_name: str | None, task: str, kind: str, values: list[int], prompts: int,
               max_new_tokens: int | None, repeats: int, gamma: int | None, device: str, dtype: str,
-              methods: list[str] | None = None, progress: bool = True, cache: str = "dynamic") -> dict:
+              methods: list[str] | None = None, progress: bool = True, cache: str = DEFAULT_CACHE) -> dict:
     """Tokens/s and peak memory of `methods` against one knob (or, for `position`, milliseconds per
     generated token with that many tokens already in the cache); a table, JSON and a plot."""
     if kind not in SWEEPS:

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..config import Params
-from ..policy import DecodePolicy
+from ..policy import DEFAULT_CACHE, DecodePolicy
 from .runs import RunSpec, parse_run
 from .slims import StudyInputError, load_run_models, mask_file, read_json, slim_description, threshold_slim
 from .thresholds_stage import threshold_paths
@@ -48,7 +48,7 @@ def run_policy(params: Params, pair: str, task: str, run: str | RunSpec) -> Deco
     cascade = section.get("spec_cascade") or {}
     fields = {"method": spec.method, "gamma": section["gamma"], "gamma_slim": section.get("gamma_slim"),
               "rule": cascade.get("rule", "opt"), "alpha": cascade.get("alpha", 0.1),
-              "max_lag": section.get("max_lag", 0), "seed": params.seed, "cache": section.get("cache", "dynamic"),
+              "max_lag": section.get("max_lag", 0), "seed": params.seed, "cache": section.get("cache", DEFAULT_CACHE),
               "max_new_tokens": params.tasks.get(task, {}).get("max_new_tokens", 128)}
     if spec.method == "viasd":
         tuned = read_json(run_inputs(params, pair, task, spec)["thresholds"], "the tuned thresholds")
