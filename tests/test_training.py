@@ -177,6 +177,15 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     assert result["cache"] == "inplace"  # decode.cache, the default: no cache kind in the file name
     assert bench_paths(params, "smoke", "stdlib_continuation")["md"].read_text().startswith("# viasd bench")
 
+    assert result["numerical_ties"] == []  # float32: the lossless methods make hf_ar's tokens exactly
+
+    # the GPU setting's dtype runs on the CPU too (same code path: cast weights, float32 logits)
+    assert main(["bench", *base, "--prompts", "2", "--repeats", "1", "--max-new-tokens", "12", "--gamma", "3",
+                 "--dtype", "bfloat16", "--methods", "hf_ar,ar,sd,viasd"]) == 0
+    half = json.loads(bench_paths(params, "smoke", "stdlib_continuation")["json"].read_text())
+    assert half["dtype"] == "torch.bfloat16" and set(half["methods"]) == {"hf_ar", "ar", "sd", "viasd"}
+    assert all(t["logit_gap"] <= 2 * t["noise"] for t in half["numerical_ties"])
+
     assert main(["bench", *base, "--prompts", "1", "--repeats", "1", "--max-new-tokens", "8",
                  "--sweep", "gamma=1,2"]) == 0
     sweep = json.loads(bench_paths(params, "smoke", "stdlib_continuation", "gamma")["json"].read_text())
@@ -210,3 +219,33 @@ def test_bench_refuses_a_speedup_when_outputs_differ(study):
     prompts = [list(range(5, 25)), list(range(30, 50))]
     with pytest.raises(BenchError, match="sd and hf_ar produced different tokens on prompt"):
         run_benchmark(models, prompts, methods, 10, repeats=1, progress=False)
+
+
+def test_bench_accepts_only_numerical_ties():
+    """A lossless method may part from the reference only where the target's two logits are equal to
+    within its rounding noise: here an exact tie (the lm_head row of one token copied onto another),
+    and a real difference (the runner-up token) that must be refused."""
+    from types import SimpleNamespace
+
+    import transformers as tf
+
+    from tiny_models import config_for
+    from viasd.benchmark import BenchError, check_outputs, tie_gap
+
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(config_for("llama", 2, 64, 0)).eval()
+    prompt, ref = [5, 9, 3, 17, 22, 8], [11, 4]
+    with torch.no_grad():
+        z = model(input_ids=torch.tensor([prompt + ref[:1]])).logits[0, -1]
+    top, runner_up = torch.topk(z, 2).indices.tolist()
+    ref[1] = top
+    gap, noise = tie_gap(model, prompt + ref[:1], top, runner_up)
+    assert gap > 2 * noise and noise < 1e-4  # float32: distinct logits are far above the rounding noise
+    models = SimpleNamespace(target=model)
+    with pytest.raises(BenchError, match=r"sd and hf_ar produced different tokens on prompt 0 \(first at position 1; "
+                                         r"the target's logits differ by"):
+        check_outputs(models, [prompt], {"hf_ar": [ref], "sd": [[ref[0], runner_up]]})
+    with torch.no_grad():
+        model.lm_head.weight[runner_up] = model.lm_head.weight[top]
+    ties = check_outputs(models, [prompt], {"hf_ar": [ref], "ar": [ref], "sd": [[ref[0], runner_up]]})
+    assert [(t["method"], t["prompt"], t["position"], t["logit_gap"]) for t in ties] == [("sd", 0, 1, 0.0)]

@@ -6,6 +6,11 @@ lossless methods and `hf_ar` must produce the same tokens on every prompt, else 
 Then `repeats` rounds run every method over all prompts, the order reversed every other round,
 after a warm-up round; a method's tokens/s per round is its tokens over its wall time.
 
+Reduced precision: in bfloat16 distinct logits often round to one value, and which tied token
+greedy picks depends on kernel shapes, so a lossless method may part from the reference at such a
+tie; `check_outputs` accepts exactly those (logit gap within the measured rounding noise), lists
+them under `numerical_ties`, and refuses every other difference.
+
 Ideal speedup (DESIGN.md §2.1, generalised to any pass mix): a method whose engine spent nothing
 outside its model passes would need `sum_m P_m c_m` seconds for its `N` tokens (`P_m` passes of
 model `m` at the measured mean cost `c_m`, from its own run); against the measured `ar` time per
@@ -205,19 +210,12 @@ def run_benchmark(models: ModelSet, prompts: list[list[int]], methods: list[Benc
             counts[method.name] = dict(counter.counts)
         if parts:
             stats[method.name] = DecodeStats.merge(parts)
-    reference = next((n for n in ("hf_ar", "ar") if n in tokens), None)
-    for name in MUST_MATCH:
-        if name in tokens and reference is not None:
-            for i, (ours, ref) in enumerate(zip(tokens[name], tokens[reference])):
-                if ours != ref:
-                    first = next((k for k, (a, b) in enumerate(zip(ours, ref)) if a != b), min(len(ours), len(ref)))
-                    raise BenchError(f"{name} and {reference} produced different tokens on prompt {i} (first at "
-                                     f"position {first}); refusing to report a speedup")
     for name, outs in tokens.items():
         short = [i for i, o in enumerate(outs) if len(o) != max_new_tokens]
         if short:
             raise BenchError(f"{name} made {len(outs[short[0]])} tokens on prompt {short[0]}, not {max_new_tokens}: "
                              "the prompt plus max_new_tokens exceeds the model's context")
+    ties = check_outputs(models, prompts, tokens)
     # timed rounds, alternating order
     seconds: dict[str, list[float]] = {m.name: [] for m in methods}
     n_tokens = max_new_tokens * len(prompts)
@@ -229,7 +227,70 @@ def run_benchmark(models: ModelSet, prompts: list[list[int]], methods: list[Benc
                 timed[method.name](prompt)
             _sync(device)
             seconds[method.name].append(time.perf_counter() - start)
-    return summarise(methods, seconds, n_tokens, stats, counts, memory)
+    result = summarise(methods, seconds, n_tokens, stats, counts, memory)
+    result["numerical_ties"] = ties
+    return result
+
+
+def check_outputs(models: ModelSet, prompts: list[list[int]], tokens: dict[str, list[list[int]]]) -> list[dict]:
+    """Every lossless method must make the reference's (`hf_ar`, else `ar`) tokens on every prompt.
+
+    A divergence is allowed only where it is a numerical tie of the target: at the first differing
+    position, the target's logits of the two tokens (one parallel forward over the shared prefix) are
+    within twice the rounding noise of its dtype, measured there as the largest difference between a
+    parallel and a token-by-token cached forward over the last positions (`logit_noise`). In float32
+    the noise is ~1e-5 and a tie practically never happens; in bfloat16 distinct logits often round to
+    the same value, and which of the tied tokens wins depends on the kernel shapes, so batched
+    verification (sd) and single steps (ar) legitimately part there. Returns the ties (method, prompt,
+    position, logit gap, noise); anything else raises `BenchError`.
+    """
+    reference = next((n for n in ("hf_ar", "ar") if n in tokens), None)
+    ties = []
+    for name in MUST_MATCH:
+        if name not in tokens or reference is None or name == reference:
+            continue
+        for i, (ours, ref) in enumerate(zip(tokens[name], tokens[reference])):
+            if ours == ref:
+                continue
+            first = next((k for k, (a, b) in enumerate(zip(ours, ref)) if a != b), min(len(ours), len(ref)))
+            if first < min(len(ours), len(ref)):
+                gap, noise = tie_gap(models.target, prompts[i] + ref[:first], ref[first], ours[first])
+                if gap <= 2 * noise:
+                    ties.append({"method": name, "reference": reference, "prompt": i, "position": first,
+                                 "logit_gap": gap, "noise": noise})
+                    log.warning("%s and %s part at a numerical tie on prompt %d, position %d (logit gap %.3g, "
+                                "noise %.3g)", name, reference, i, first, gap, noise)
+                    continue
+                detail = f"; the target's logits differ by {gap:.3g} there, noise {noise:.3g}"
+            else:
+                detail = ""
+            raise BenchError(f"{name} and {reference} produced different tokens on prompt {i} (first at "
+                             f"position {first}{detail}); refusing to report a speedup")
+    return ties
+
+
+@torch.inference_mode()
+def tie_gap(model: torch.nn.Module, ids: list[int], a: int, b: int, k: int = 8) -> tuple[float, float]:
+    """`|z_a - z_b|` of the target's next-token logits after `ids` (one parallel forward, float32 view of
+    the model's dtype), and the model's rounding noise there (`logit_noise`)."""
+    x = torch.tensor([ids], device=next(model.parameters()).device)
+    z = model(input_ids=x, logits_to_keep=1).logits[0, -1].float()
+    return abs(z[a].item() - z[b].item()), logit_noise(model, x, k)
+
+
+def logit_noise(model: torch.nn.Module, x: torch.Tensor, k: int = 8) -> float:
+    """Largest `|z_parallel - z_incremental|` over the last `k` positions of `x` (`[1, T]`) and the whole
+    vocabulary: the same logits computed by one forward over `x` and by feeding its last `k` tokens one
+    at a time through a KV cache. It is zero in exact arithmetic; what is left is the dtype's rounding."""
+    from .kv_cache import model_cache
+
+    k = max(1, min(k, x.shape[1] - 1))
+    full = model(input_ids=x, logits_to_keep=k).logits[0, -k:].float()
+    cache = model_cache(model, "inplace", x.shape[1])
+    model(input_ids=x[:, :-k], cache=cache, use_cache=True, logits_to_keep=1)
+    steps = [model(input_ids=x[:, t : t + 1], cache=cache, use_cache=True).logits[0, -1].float()
+             for t in range(x.shape[1] - k, x.shape[1])]
+    return (full - torch.stack(steps)).abs().max().item()
 
 
 def per_token_seconds(models: ModelSet, methods: list[BenchMethod], prompts: list[list[int]], steps: int = 32,
@@ -340,6 +401,9 @@ def markdown(result: dict, title: str) -> str:
         lines.append(f"| {name} | {f(tps['median'], 1)} | {f(tps['min'], 1)}–{f(tps['max'], 1)} | "
                      f"{f(row['acceptance_rate'])} | {f(row['mean_accepted_length'])} | {f(fp.get('target'))} | "
                      f"{f(fp.get('slim'))} | {f(fp.get('draft'))} | {f(row['peak_memory_mb'], 0)} |")
+    for tie in result.get("numerical_ties", []):
+        lines.append(f"\n{tie['method']} parts from {tie['reference']} on prompt {tie['prompt']} at position "
+                     f"{tie['position']}: a numerical tie (logit gap {tie['logit_gap']:.3g}, noise {tie['noise']:.3g})")
     lines += ["", "| ratio | value |", "|---|---|"] + [f"| {k} | {v:.3f} |" for k, v in result["ratios"].items()]
     lines += ["", "| method | measured speedup vs ar | ideal | efficiency |", "|---|---|---|---|"]
     lines += [f"| {k} | {f(v['measured_speedup'])} | {f(v['ideal_speedup'])} | {f(v['efficiency'])} |"
