@@ -175,6 +175,7 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     assert all({"measured_speedup", "ideal_speedup", "efficiency"} <= set(v) for v in result["efficiency"].values())
     assert result["best_hf_assisted"] in ("hf_assisted", "hf_assisted_fixed") and result["gamma"] == 3
     assert result["cache"] == "inplace"  # decode.cache, the default: no cache kind in the file name
+    assert (result["device"], result["dtype"]) == ("cpu", "torch.float32")
     assert bench_paths(params, "smoke", "stdlib_continuation")["md"].read_text().startswith("# viasd bench")
 
     assert result["numerical_ties"] == []  # float32: the lossless methods make hf_ar's tokens exactly
@@ -182,7 +183,7 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     # the GPU setting's dtype runs on the CPU too (same code path: cast weights, float32 logits)
     assert main(["bench", *base, "--prompts", "2", "--repeats", "1", "--max-new-tokens", "12", "--gamma", "3",
                  "--dtype", "bfloat16", "--methods", "hf_ar,ar,sd,viasd"]) == 0
-    half = json.loads(bench_paths(params, "smoke", "stdlib_continuation")["json"].read_text())
+    half = json.loads(bench_paths(params, "smoke", "stdlib_continuation", dtype="bfloat16")["json"].read_text())
     assert half["dtype"] == "torch.bfloat16" and set(half["methods"]) == {"hf_ar", "ar", "sd", "viasd"}
     assert all(t["logit_gap"] <= 2 * t["noise"] for t in half["numerical_ties"])
 

@@ -33,7 +33,7 @@ def _add_bench(sub) -> None:
 
 
 def _bench(args) -> int:
-    from ..stages.bench_stage import bench_paths, run_bench_stage, run_sweep
+    from ..stages.bench_stage import run_bench_stage, run_sweep
 
     params = load_params(args)
     for name, value in (("--prompts", args.prompts), ("--repeats", args.repeats)):
@@ -57,7 +57,7 @@ def _bench(args) -> int:
                         cache=args.cache)
         for point in out["points"]:
             print(json.dumps(point))
-        print(bench_paths(params, pair.name, args.task, kind, args.cache)["json"])
+        print(out["files"]["json"])
         return 0
     result = run_bench_stage(params, pair.name, args.task, chosen or list(HF + OURS), args.prompts, args.max_new_tokens, args.repeats,
                              args.gamma, args.device, args.dtype, cache=args.cache)
@@ -67,12 +67,16 @@ def _bench(args) -> int:
               f"acceptance {row['acceptance_rate'] if row['acceptance_rate'] is None else round(row['acceptance_rate'], 3)}")
     print(json.dumps({"ratios": result["ratios"],
                       "efficiency": {k: v["efficiency"] for k, v in result["efficiency"].items()}}))
-    paths = bench_paths(params, pair.name, args.task, cache=args.cache)
+    for tie in result["numerical_ties"]:
+        print(f"numerical tie: {tie['method']} parts from {tie['reference']} on prompt {tie['prompt']} at position "
+              f"{tie['position']} (logit gap {tie['logit_gap']:.3g}, rounding noise {tie['noise']:.3g})")
+    paths = result["files"]
     track(args, params, "bench", f"bench/{pair.name}/{args.task}",
            {k: result[k] for k in ("prompts", "max_new_tokens", "gamma", "repeats", "device", "dtype", "cache")},
            {f"ratio.{k}": v for k, v in result["ratios"].items()}
            | {f"tokens_per_second.{k}": v["tokens_per_second"]["median"] for k, v in result["methods"].items()}
-           | {f"efficiency.{k}": v["efficiency"] for k, v in result["efficiency"].items()},
+           | {f"efficiency.{k}": v["efficiency"] for k, v in result["efficiency"].items()}
+           | {"numerical_ties": len(result["numerical_ties"])},
            {"task": args.task}, [paths["json"], paths["md"]])
     print(paths["json"])
     return 0

@@ -21,12 +21,22 @@ SWEEPS = ("gamma", "length", "prompt", "position")
 SWEEP_METHODS = ["hf_ar", "ar", "sd", "viasd"]
 
 
-def bench_paths(params: Params, pair: str, task: str, sweep: str | None = None, cache: str = DEFAULT_CACHE) -> dict:
-    """reports/bench/<pair>-<task>[-sweep-<kind>][-<cache>].{json,md,png}: a cache kind other than the default
-    (`inplace`) is in the name, so runs with each kind sit side by side."""
+def bench_paths(params: Params, pair: str, task: str, sweep: str | None = None, cache: str = DEFAULT_CACHE,
+                device: str = "cpu", dtype: str = "float32") -> dict:
+    """reports/bench/<pair>-<task>[-sweep-<kind>][-<cache>][-<device>][-<dtype>].{json,md,png}: a cache kind
+    other than `inplace`, a device other than the CPU and a dtype other than float32 are in the name, so
+    runs of each setting sit side by side (`device` is a type: `cuda`, not `cuda:1`)."""
     base = params.reports_dir / "bench"
-    stem = f"{pair}-{task}" + (f"-sweep-{sweep}" if sweep else "") + ("" if cache == DEFAULT_CACHE else f"-{cache}")
+    tags = [t for t, default in ((cache, DEFAULT_CACHE), (device.split(":")[0], "cpu"), (dtype, "float32"))
+            if t != default]
+    stem = "-".join([f"{pair}-{task}", *([f"sweep-{sweep}"] if sweep else []), *tags])
     return {"json": base / f"{stem}.json", "md": base / f"{stem}.md", "png": base / f"{stem}.png"}
+
+
+def run_setting(models) -> dict:
+    """The loaded models' device type and dtype name, as `bench_paths` takes them."""
+    first = next(models.target.parameters())
+    return {"device": first.device.type, "dtype": str(first.dtype).removeprefix("torch.")}
 
 
 def load_bench_models(params: Params, pair_name: str | None, device: str, dtype: str):
@@ -83,11 +93,11 @@ def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: l
                    "repeats": repeats, "cache": cache, "device": str(next(models.target.parameters()).device),
                    "dtype": str(next(models.target.parameters()).dtype), "slim_layers": (
                        list(models.slims[0].mask.keep_layers) if models.slims else None)})
-    paths = bench_paths(params, pair.name, task, cache=cache)
+    paths = bench_paths(params, pair.name, task, cache=cache, **run_setting(models))
     write_text(paths["md"], markdown(result, f"viasd bench: {pair.name} on {task}, {prompts} prompts x {max_new} "
-                                              f"tokens, gamma {gamma}, {result['device']}"))
+                                              f"tokens, gamma {gamma}, {result['device']}, {result['dtype']}"))
     write_json(paths["json"], result)
-    return result
+    return {**result, "files": paths}
 
 
 def run_sweep(params: Params, pair_name: str | None, task: str, kind: str, values: list[int], prompts: int,
@@ -110,7 +120,8 @@ def run_sweep(params: Params, pair_name: str | None, task: str, kind: str, value
         for value in values:
             ms = per_token_seconds(models, table, bench_prompts(params, models, task, prompts, value), repeats=repeats)
             points.append({kind: value, **{name: {"ms_per_token": 1000 * sec} for name, sec in ms.items()}})
-        return _write_sweep(params, pair.name, task, kind, values, methods, points, gamma, max_new, prompts, cache)
+        return _write_sweep(params, pair.name, task, kind, values, methods, points, gamma, max_new, prompts, cache,
+                            run_setting(models))
     for value in values:
         g, n_new, length = gamma, max_new, None
         if kind == "gamma":
@@ -125,15 +136,16 @@ def run_sweep(params: Params, pair_name: str | None, task: str, kind: str, value
         points.append({kind: value, **{name: {"tokens_per_second": row["tokens_per_second"]["median"],
                                               "peak_memory_mb": row["peak_memory_mb"]}
                                        for name, row in res["methods"].items()}})
-    return _write_sweep(params, pair.name, task, kind, values, methods, points, gamma, max_new, prompts, cache)
+    return _write_sweep(params, pair.name, task, kind, values, methods, points, gamma, max_new, prompts, cache,
+                        run_setting(models))
 
 
-def _write_sweep(params, pair, task, kind, values, methods, points, gamma, max_new, prompts, cache) -> dict:
-    out = {"pair": pair, "task": task, "sweep": kind, "cache": cache, "values": values, "methods": methods,
+def _write_sweep(params, pair, task, kind, values, methods, points, gamma, max_new, prompts, cache, setting) -> dict:
+    out = {"pair": pair, "task": task, "sweep": kind, "cache": cache, **setting, "values": values, "methods": methods,
            "points": points, "gamma": gamma, "max_new_tokens": max_new, "prompts": prompts}
     if kind == "position" and len(points) > 1:
         out["last_vs_first"] = {m: points[-1][m]["ms_per_token"] / points[0][m]["ms_per_token"] for m in methods}
-    paths = bench_paths(params, pair, task, kind, cache)
+    paths = bench_paths(params, pair, task, kind, cache, **setting)
     unit = "ms per token" if kind == "position" else "tokens/s (peak MB)"
     lines = [f"# {pair} on {task}: {unit} vs {kind}\n", "| " + kind + " | " + " | ".join(methods) + " |",
              "|---|" + "---|" * len(methods)]
@@ -144,7 +156,7 @@ def _write_sweep(params, pair, task, kind, values, methods, points, gamma, max_n
     write_text(paths["md"], "\n".join(lines) + "\n")
     _sweep_plot(out, paths["png"])
     write_json(paths["json"], out)
-    return out
+    return {**out, "files": paths}
 
 
 def _sweep_plot(out: dict, path) -> None:
