@@ -211,8 +211,13 @@ def _stages_run(output: str) -> set[str]:
     return set(re.findall(r"Running stage '([^']+)'", output))
 
 
+DVC_RUNS = ["ar", "sd", "viasd"]  # DVC runs stages one at a time: a smaller grid than the Snakemake test's
+
+
 def test_dvc_repro_reruns_only_what_a_parameter_change_touches(repo):
-    run([str(BIN / "viasd"), "resolve-params", "--config", "config/smoke.yaml", "-o", "params.yaml"], repo)
+    (repo / "grid.yaml").write_text(yaml.safe_dump({"study": {"runs": DVC_RUNS}}))
+    run([str(BIN / "viasd"), "resolve-params", "--config", "config/smoke.yaml", "--config", "grid.yaml",
+         "-o", "params.yaml"], repo)
     first = run([str(BIN / "dvc"), "repro"], repo, timeout=1200)
     ran = _stages_run(first.stdout)
     assert {"prepare_data", "train_draft", "report"} <= ran and len(ran) == len(dvc_stages(repo))
@@ -235,7 +240,7 @@ def test_dvc_repro_reruns_only_what_a_parameter_change_touches(repo):
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     second = _stages_run(run([str(BIN / "dvc"), "repro"], repo, timeout=1200).stdout)
     assert second and {name.split("@")[0] for name in second} == {"decode", "evaluate", "report"}
-    assert {f"decode@smoke-stdlib_continuation-{r}" for r in SMOKE_RUNS} <= second
+    assert second == {f"{stage}@smoke-stdlib_continuation-{r}" for stage in ("decode", "evaluate") for r in DVC_RUNS} | {"report"}
 
     pushed = run([str(BIN / "dvc"), "push"], repo)
     assert "pushed" in pushed.stdout and any((repo / ".dvc-remote").rglob("*"))
