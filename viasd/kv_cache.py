@@ -9,8 +9,9 @@ Three kinds (`DecodePolicy.cache`, `policy.CACHE_KINDS`):
 - `dynamic`: transformers' `DynamicCache` unchanged (what `generate` uses).
 - `static`: transformers' `StaticCache` preallocated for the decode's capacity.
 
-Layers of other kinds (sliding windows, linear attention, ...) keep transformers' own classes in every
-kind, so any architecture `DynamicCache` supports is supported.
+Under `inplace`, layers of other kinds (sliding windows, linear attention, ...) keep the classes
+`DynamicCache` gives them, so every architecture `DynamicCache` supports is supported; `static` refuses
+sliding-window models.
 """
 
 from __future__ import annotations
