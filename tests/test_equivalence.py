@@ -118,6 +118,20 @@ def test_every_cache_kind_gives_the_same_tokens(model_sets, tokenizer, arch):
             assert inplace.token_ids == reference, method
 
 
+def test_compiled_models_give_the_same_tokens(model_sets, tokenizer):
+    """policy.compile (torch.compile, dynamic shapes) is a speed option only: the same greedy tokens and
+    passes as eager for ar, sd and viasd (prefill, single steps, verification blocks, rollbacks)."""
+    models = model_sets("llama")
+    ids = tokenizer(PROMPTS[1])["input_ids"]
+    for method, kw in (("ar", {}), ("sd", {}), ("viasd", {"tau_accept": 1.2, "tau_slim": 0.5})):
+        eager = run(models, ids, method, 3, **kw)
+        for prompt in (ids, tokenizer(PROMPTS[0])["input_ids"]):  # a second prompt length reuses the graphs
+            fast = run(models, prompt, method, 3, compile=True, **kw)
+            if prompt is ids:
+                assert fast.token_ids == eager.token_ids, method
+                assert fast.stats.passes == eager.stats.passes, method
+
+
 def test_static_cache_refuses_sliding_windows(model_sets, tokenizer):
     from viasd.errors import PolicyError
 

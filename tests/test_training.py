@@ -186,6 +186,8 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     half = json.loads(bench_paths(params, "smoke", "stdlib_continuation", dtype="bfloat16")["json"].read_text())
     assert half["dtype"] == "torch.bfloat16" and set(half["methods"]) == {"hf_ar", "ar", "sd", "viasd"}
     assert all(t["logit_gap"] <= 2 * t["noise"] for t in half["numerical_ties"])
+    names = bench_paths(params, "p", "t", "gamma", cache="static", compile=True, device="cuda:1", dtype="bfloat16")
+    assert names["json"].name == "p-t-sweep-gamma-static-compiled-cuda-bfloat16.json"
 
     assert main(["bench", *base, "--prompts", "1", "--repeats", "1", "--max-new-tokens", "8",
                  "--sweep", "gamma=1,2"]) == 0

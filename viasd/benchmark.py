@@ -143,10 +143,10 @@ def hf_generate(models: ModelSet, max_new_tokens: int, assistant: bool, assistan
 
 
 def method_table(models: ModelSet, names: list[str], gamma: int, max_new_tokens: int, viasd: dict | None = None,
-                 spec_cascade: dict | None = None, cache: str = DEFAULT_CACHE) -> list[BenchMethod]:
+                 spec_cascade: dict | None = None, engine: dict | None = None) -> list[BenchMethod]:
     """The benchmark's methods: ours with `gamma` (viasd with its tuned thresholds when given), and HF's."""
     base = DecodePolicy(method="ar", gamma=gamma, max_new_tokens=max_new_tokens, eos_token_ids=(), exact_timing=True,
-                        cache=cache)
+                        **(engine or {}))
     out = []
     for name in names:
         if name in ("hf_ar", "hf_assisted"):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .compilation import compiled
 from .errors import PolicyError, PromptError
 from .policy import DecodePolicy
 from .intermediate import IndependentVerifier
@@ -73,7 +74,8 @@ class DecodeSession:
         self.stats = DecodeStats(method=policy.method, prompt_tokens=self.prompt_len)
 
         def runner(name, model, new_cache):
-            return ModelRunner(name, model, new_cache, vocab_size, policy.exact_timing)
+            return ModelRunner(name, compiled(model) if policy.compile else model, new_cache, vocab_size,
+                               policy.exact_timing)
 
         kind = policy.cache
         self.target = runner("target", target, lambda: model_cache(target, kind, capacity))

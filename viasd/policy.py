@@ -36,7 +36,8 @@ class DecodePolicy:
     `cache` (`CACHE_KINDS`, see `kv_cache`): `inplace` (buffers for prompt + max_new_tokens + gamma + 1
     positions written in place, attention over the filled prefix), `dynamic` (transformers'
     DynamicCache, grows by concatenation) or `static` (transformers' StaticCache; attention spans the
-    whole buffer; not for sliding-window models). All three give the same tokens.
+    whole buffer; not for sliding-window models). All three give the same tokens. `compile`: run the
+    models through `torch.compile(dynamic=True)` (`compilation.py`; compiled once per model and process).
     """
 
     method: str = "viasd"
@@ -56,6 +57,7 @@ class DecodePolicy:
     gamma_slim: int | None = None
     exact_timing: bool = True
     cache: str = DEFAULT_CACHE
+    compile: bool = False
 
     def __post_init__(self):
         from .tiers import CONFIDENCES, SCORES
@@ -74,6 +76,8 @@ class DecodePolicy:
             raise PolicyError(f"unknown spec_cascade rule {self.rule!r}; choose one of {', '.join(SPEC_CASCADE_RULES)}")
         if not self.alpha >= 0:
             raise PolicyError(f"alpha (lenience) must be >= 0, got {self.alpha}")
+        if not isinstance(self.compile, bool):
+            raise PolicyError(f"compile must be true or false, got {self.compile!r}")
         if self.cache not in CACHE_KINDS:
             raise PolicyError(f"cache must be one of {', '.join(CACHE_KINDS)}, got {self.cache!r}")
         if self.max_lag < 0:

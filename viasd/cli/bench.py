@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from ..errors import ViasdError
-from ..policy import CACHE_KINDS, DEFAULT_CACHE
+from ..policy import CACHE_KINDS
 from .common import add_pair, load_params, stage_parser, track
 
 
@@ -25,6 +26,8 @@ def _add_bench(sub) -> None:
     p.add_argument("--cache", choices=CACHE_KINDS,
                    help="KV cache of our methods (default: decode.cache): inplace (written in place, attention over "
                         "the filled prefix), dynamic (transformers' DynamicCache) or static (transformers' StaticCache)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile our methods' models (default: decode.compile); compiled in the warm-up round")
     p.add_argument("--sweep", metavar="KIND=V1,V2,...",
                    help="scaling run instead: gamma=1,2,4,8 | length=64,128,256,512 | prompt=32,128,384")
     p.add_argument("--device", default="auto")
@@ -43,7 +46,7 @@ def _bench(args) -> int:
 
     chosen = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
     pair = params.pair(args.pair)
-    args.cache = args.cache or params.raw["decode"].get("cache", DEFAULT_CACHE)
+    engine = {"cache": args.cache, "compile": args.compile}  # None: decode.cache / decode.compile
     if args.sweep:
         kind, _, values = args.sweep.partition("=")
         try:
@@ -54,13 +57,13 @@ def _bench(args) -> int:
             raise ViasdError(f"--sweep {args.sweep}: give values, e.g. {kind or 'gamma'}=1,2,4")
         out = run_sweep(params, pair.name, args.task, kind, numbers, args.prompts, args.max_new_tokens, args.repeats,
                         args.gamma, args.device, args.dtype, chosen,
-                        cache=args.cache)
+                        engine=engine)
         for point in out["points"]:
             print(json.dumps(point))
         print(out["files"]["json"])
         return 0
     result = run_bench_stage(params, pair.name, args.task, chosen or list(HF + OURS), args.prompts, args.max_new_tokens, args.repeats,
-                             args.gamma, args.device, args.dtype, cache=args.cache)
+                             args.gamma, args.device, args.dtype, engine=engine)
     for name, row in result["methods"].items():
         tps = row["tokens_per_second"]
         print(f"{name:18s} {tps['median']:8.1f} tok/s  (min {tps['min']:.1f}, max {tps['max']:.1f})  "
@@ -72,7 +75,7 @@ def _bench(args) -> int:
               f"{tie['position']} (logit gap {tie['logit_gap']:.3g}, rounding noise {tie['noise']:.3g})")
     paths = result["files"]
     track(args, params, "bench", f"bench/{pair.name}/{args.task}",
-           {k: result[k] for k in ("prompts", "max_new_tokens", "gamma", "repeats", "device", "dtype", "cache")},
+           {k: result[k] for k in ("prompts", "max_new_tokens", "gamma", "repeats", "device", "dtype", "cache", "compile")},
            {f"ratio.{k}": v for k, v in result["ratios"].items()}
            | {f"tokens_per_second.{k}": v["tokens_per_second"]["median"] for k, v in result["methods"].items()}
            | {f"efficiency.{k}": v["efficiency"] for k, v in result["efficiency"].items()}

@@ -50,6 +50,7 @@ def _add_generate(sub) -> None:
     p.add_argument("--max-lag", type=int, default=0, help="force a full-model catch-up above this lag (0 = never)")
     p.add_argument("--cache", default=DEFAULT_CACHE, choices=CACHE_KINDS,
                    help="KV cache kind: inplace (default), dynamic (transformers' DynamicCache), static (StaticCache)")
+    p.add_argument("--compile", action="store_true", help="run the models through torch.compile (pays off over long runs)")
     p.add_argument("--rule", default="opt", choices=SPEC_CASCADE_RULES, help="spec_cascade deferral rule")
     p.add_argument("--alpha", type=float, default=0.1, help="spec_cascade lenience")
     p.add_argument("--gamma-slim", type=int, help="cascade_sd: slim-level tokens per full verification")
@@ -92,7 +93,7 @@ def _generate(args) -> int:
         method=args.method, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
         sampling=SamplingConfig(args.temperature, args.top_k, args.top_p), seed=args.seed,
         stop_strings=tuple(args.stop), score=args.score, confidence=args.confidence, max_lag=args.max_lag,
-        cache=args.cache, rule=args.rule, alpha=args.alpha, gamma_slim=args.gamma_slim, **tau,
+        cache=args.cache, compile=args.compile, rule=args.rule, alpha=args.alpha, gamma_slim=args.gamma_slim, **tau,
     )
     draft = args.draft if args.method != "ar" else None
     models = load_models(args.target, draft=draft, device=args.device, dtype=args.dtype,

@@ -22,15 +22,22 @@ SWEEP_METHODS = ["hf_ar", "ar", "sd", "viasd"]
 
 
 def bench_paths(params: Params, pair: str, task: str, sweep: str | None = None, cache: str = DEFAULT_CACHE,
-                device: str = "cpu", dtype: str = "float32") -> dict:
-    """reports/bench/<pair>-<task>[-sweep-<kind>][-<cache>][-<device>][-<dtype>].{json,md,png}: a cache kind
-    other than `inplace`, a device other than the CPU and a dtype other than float32 are in the name, so
-    runs of each setting sit side by side (`device` is a type: `cuda`, not `cuda:1`)."""
+                compile: bool = False, device: str = "cpu", dtype: str = "float32") -> dict:
+    """reports/bench/<pair>-<task>[-sweep-<kind>][-<cache>][-compiled][-<device>][-<dtype>].{json,md,png}: a
+    cache kind other than `inplace`, torch.compile, a device other than the CPU and a dtype other than
+    float32 are in the name, so runs of each setting sit side by side (`device` is a type: `cuda`)."""
     base = params.reports_dir / "bench"
-    tags = [t for t, default in ((cache, DEFAULT_CACHE), (device.split(":")[0], "cpu"), (dtype, "float32"))
-            if t != default]
+    tags = [t for t, default in ((cache, DEFAULT_CACHE), ("compiled" if compile else "", ""),
+                                 (device.split(":")[0], "cpu"), (dtype, "float32")) if t != default]
     stem = "-".join([f"{pair}-{task}", *([f"sweep-{sweep}"] if sweep else []), *tags])
     return {"json": base / f"{stem}.json", "md": base / f"{stem}.md", "png": base / f"{stem}.png"}
+
+
+def engine_options(params: Params, given: dict | None = None) -> dict:
+    """Our methods' engine options (`cache`, `compile`): `given` over `decode` in params.yaml."""
+    section = params.raw["decode"]
+    options = {"cache": section.get("cache", DEFAULT_CACHE), "compile": bool(section.get("compile", False))}
+    return {**options, **{k: v for k, v in (given or {}).items() if v is not None}}
 
 
 def run_setting(models) -> dict:
@@ -82,18 +89,19 @@ def viasd_settings(params: Params, pair: str, task: str) -> dict:
 
 def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: list[str], prompts: int,
                     max_new_tokens: int | None, repeats: int, gamma: int | None, device: str, dtype: str,
-                    progress: bool = True, cache: str = DEFAULT_CACHE) -> dict:
+                    progress: bool = True, engine: dict | None = None) -> dict:
     pair, models = load_bench_models(params, pair_name, device, dtype)
+    engine = engine_options(params, engine)
     gamma = gamma or params.raw["decode"]["gamma"]
     max_new = max_new_tokens or params.tasks.get(task, {}).get("max_new_tokens", 128)
     cascade = params.raw["decode"].get("spec_cascade") or {}
-    table = method_table(models, methods, gamma, max_new, viasd_settings(params, pair.name, task), cascade, cache)
+    table = method_table(models, methods, gamma, max_new, viasd_settings(params, pair.name, task), cascade, engine)
     result = run_benchmark(models, bench_prompts(params, models, task, prompts), table, max_new, repeats, progress)
     result.update({"pair": pair.name, "task": task, "prompts": prompts, "max_new_tokens": max_new, "gamma": gamma,
-                   "repeats": repeats, "cache": cache, "device": str(next(models.target.parameters()).device),
+                   "repeats": repeats, **engine, "device": str(next(models.target.parameters()).device),
                    "dtype": str(next(models.target.parameters()).dtype), "slim_layers": (
                        list(models.slims[0].mask.keep_layers) if models.slims else None)})
-    paths = bench_paths(params, pair.name, task, cache=cache, **run_setting(models))
+    paths = bench_paths(params, pair.name, task, **engine, **run_setting(models))
     write_text(paths["md"], markdown(result, f"viasd bench: {pair.name} on {task}, {prompts} prompts x {max_new} "
                                               f"tokens, gamma {gamma}, {result['device']}, {result['dtype']}"))
     write_json(paths["json"], result)
@@ -102,12 +110,13 @@ def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: l
 
 def run_sweep(params: Params, pair_name: str | None, task: str, kind: str, values: list[int], prompts: int,
               max_new_tokens: int | None, repeats: int, gamma: int | None, device: str, dtype: str,
-              methods: list[str] | None = None, progress: bool = True, cache: str = DEFAULT_CACHE) -> dict:
+              methods: list[str] | None = None, progress: bool = True, engine: dict | None = None) -> dict:
     """Tokens/s and peak memory of `methods` against one knob (or, for `position`, milliseconds per
     generated token with that many tokens already in the cache); a table, JSON and a plot."""
     if kind not in SWEEPS:
         raise BenchError(f"unknown sweep {kind!r}; choose from {', '.join(SWEEPS)}")
     pair, models = load_bench_models(params, pair_name, device, dtype)
+    engine = engine_options(params, engine)
     default = ["hf_ar", "ar"] if kind == "position" else SWEEP_METHODS
     methods = [m for m in (methods or default) if m not in ("cascade_sd", "viasd") or models.slims]
     gamma = gamma or params.raw["decode"]["gamma"]
@@ -116,11 +125,11 @@ def run_sweep(params: Params, pair_name: str | None, task: str, kind: str, value
     points = []
     if kind == "position":
         table = method_table(models, methods, gamma, max_new, viasd, params.raw["decode"].get("spec_cascade") or {},
-                             cache)
+                             engine)
         for value in values:
             ms = per_token_seconds(models, table, bench_prompts(params, models, task, prompts, value), repeats=repeats)
             points.append({kind: value, **{name: {"ms_per_token": 1000 * sec} for name, sec in ms.items()}})
-        return _write_sweep(params, pair.name, task, kind, values, methods, points, gamma, max_new, prompts, cache,
+        return _write_sweep(params, pair.name, task, kind, values, methods, points, gamma, max_new, prompts, engine,
                             run_setting(models))
     for value in values:
         g, n_new, length = gamma, max_new, None
@@ -131,21 +140,21 @@ def run_sweep(params: Params, pair_name: str | None, task: str, kind: str, value
         else:
             length = value
         settings = {**viasd, "gamma": g} if kind == "gamma" else viasd
-        table = method_table(models, methods, g, n_new, settings, params.raw["decode"].get("spec_cascade") or {}, cache)
+        table = method_table(models, methods, g, n_new, settings, params.raw["decode"].get("spec_cascade") or {}, engine)
         res = run_benchmark(models, bench_prompts(params, models, task, prompts, length), table, n_new, repeats, progress)
         points.append({kind: value, **{name: {"tokens_per_second": row["tokens_per_second"]["median"],
                                               "peak_memory_mb": row["peak_memory_mb"]}
                                        for name, row in res["methods"].items()}})
-    return _write_sweep(params, pair.name, task, kind, values, methods, points, gamma, max_new, prompts, cache,
+    return _write_sweep(params, pair.name, task, kind, values, methods, points, gamma, max_new, prompts, engine,
                         run_setting(models))
 
 
-def _write_sweep(params, pair, task, kind, values, methods, points, gamma, max_new, prompts, cache, setting) -> dict:
-    out = {"pair": pair, "task": task, "sweep": kind, "cache": cache, **setting, "values": values, "methods": methods,
+def _write_sweep(params, pair, task, kind, values, methods, points, gamma, max_new, prompts, engine, setting) -> dict:
+    out = {"pair": pair, "task": task, "sweep": kind, **engine, **setting, "values": values, "methods": methods,
            "points": points, "gamma": gamma, "max_new_tokens": max_new, "prompts": prompts}
     if kind == "position" and len(points) > 1:
         out["last_vs_first"] = {m: points[-1][m]["ms_per_token"] / points[0][m]["ms_per_token"] for m in methods}
-    paths = bench_paths(params, pair, task, kind, cache, **setting)
+    paths = bench_paths(params, pair, task, kind, **engine, **setting)
     unit = "ms per token" if kind == "position" else "tokens/s (peak MB)"
     lines = [f"# {pair} on {task}: {unit} vs {kind}\n", "| " + kind + " | " + " | ".join(methods) + " |",
              "|---|" + "---|" * len(methods)]

@@ -49,6 +49,7 @@ def run_policy(params: Params, pair: str, task: str, run: str | RunSpec) -> Deco
     fields = {"method": spec.method, "gamma": section["gamma"], "gamma_slim": section.get("gamma_slim"),
               "rule": cascade.get("rule", "opt"), "alpha": cascade.get("alpha", 0.1),
               "max_lag": section.get("max_lag", 0), "seed": params.seed, "cache": section.get("cache", DEFAULT_CACHE),
+              "compile": section.get("compile", False),
               "max_new_tokens": params.tasks.get(task, {}).get("max_new_tokens", 128)}
     if spec.method == "viasd":
         tuned = read_json(run_inputs(params, pair, task, spec)["thresholds"], "the tuned thresholds")
