@@ -19,9 +19,19 @@ from torch import nn
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+GRAPHS_PER_MODEL = 8  # prefill, single steps, verification blocks, ... with room to spare
+
+
 def compiled(model: nn.Module) -> nn.Module:
-    """`torch.compile(model, dynamic=True)`, memoised per module: every decode shares its graphs."""
+    """`torch.compile(model, dynamic=True)`, memoised per module: every decode shares its graphs.
+
+    Dynamo keeps its graphs per code object, so a target, a draft and a slim view of the same
+    architecture share `XForCausalLM.forward`'s budget of recompilations (`recompile_limit`, 8 by
+    default); past it a model silently runs eager. Each compiled model adds `GRAPHS_PER_MODEL` to it.
+    """
     wrapped = _COMPILED.get(model)
     if wrapped is None:
+        config = torch._dynamo.config
+        config.recompile_limit = max(config.recompile_limit, GRAPHS_PER_MODEL * (len(_COMPILED) + 1))
         wrapped = _COMPILED[model] = torch.compile(model, dynamic=True)
     return wrapped
