@@ -3,9 +3,9 @@ updates, crops and growth; and which layers a cache of each kind gets."""
 
 import pytest
 import torch
+from tiny_models import config_for
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from tiny_models import config_for
 from viasd.errors import PolicyError
 from viasd.kv_cache import InPlaceLayer, model_cache
 

@@ -11,8 +11,8 @@ import time
 import pytest
 import torch
 from safetensors.torch import load_file
-
 from study_fixtures import smoke_params
+
 from viasd import DecodePolicy, config, load_models
 from viasd.data.prepare import prepare_data
 from viasd.errors import VocabularyMismatchError
@@ -231,8 +231,8 @@ def test_bench_accepts_only_numerical_ties():
     from types import SimpleNamespace
 
     import transformers as tf
-
     from tiny_models import config_for
+
     from viasd.benchmark import BenchError, check_outputs, tie_gap
 
     torch.manual_seed(0)

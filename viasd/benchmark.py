@@ -36,7 +36,7 @@ import torch
 
 from .errors import ViasdError
 from .models import ModelSet
-from .policy import DEFAULT_CACHE, DecodePolicy
+from .policy import DecodePolicy
 from .stats import DecodeStats
 
 log = logging.getLogger(__name__)
