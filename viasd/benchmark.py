@@ -238,22 +238,21 @@ def check_outputs(models: ModelSet, prompts: list[list[int]], tokens: dict[str, 
     A divergence is allowed only where it is a numerical tie of the target: at the first differing
     position, the target's logits of the two tokens (one parallel forward over the shared prefix) are
     within twice the rounding noise of its dtype, measured there as the largest difference between a
-    parallel and a token-by-token cached forward over the last positions (`logit_noise`). In float32
-    the noise is ~1e-5 and a tie practically never happens; in bfloat16 distinct logits often round to
+    parallel and a token-by-token cached forward over the last positions (`tie_gap`). In float32
+    the noise is a few 1e-6 and a tie practically never happens; in bfloat16 distinct logits often round to
     the same value, and which of the tied tokens wins depends on the kernel shapes, so batched
     verification (sd) and single steps (ar) legitimately part there. Returns the ties (method, prompt,
     position, logit gap, noise); anything else raises `BenchError`.
     """
     reference = next((n for n in ("hf_ar", "ar") if n in tokens), None)
-    ties = []
-    for name in MUST_MATCH:
-        if name not in tokens or reference is None or name == reference:
-            continue
+    ties: list[dict] = []
+    for name in (n for n in MUST_MATCH if n in tokens and reference not in (None, n)):
         for i, (ours, ref) in enumerate(zip(tokens[name], tokens[reference])):
             if ours == ref:
                 continue
-            first = next((k for k, (a, b) in enumerate(zip(ours, ref)) if a != b), min(len(ours), len(ref)))
-            if first < min(len(ours), len(ref)):
+            first = next((k for k, (a, b) in enumerate(zip(ours, ref)) if a != b), None)
+            detail = ""
+            if first is not None:  # else one is a prefix of the other (run_benchmark checks lengths first)
                 gap, noise = tie_gap(models.target, prompts[i] + ref[:first], ref[first], ours[first])
                 if gap <= 2 * noise:
                     ties.append({"method": name, "reference": reference, "prompt": i, "position": first,
@@ -262,35 +261,33 @@ def check_outputs(models: ModelSet, prompts: list[list[int]], tokens: dict[str, 
                                 "noise %.3g)", name, reference, i, first, gap, noise)
                     continue
                 detail = f"; the target's logits differ by {gap:.3g} there, noise {noise:.3g}"
-            else:
-                detail = ""
+            at = first if first is not None else min(len(ours), len(ref))
             raise BenchError(f"{name} and {reference} produced different tokens on prompt {i} (first at "
-                             f"position {first}{detail}); refusing to report a speedup")
+                             f"position {at}{detail}); refusing to report a speedup")
     return ties
 
 
 @torch.inference_mode()
 def tie_gap(model: torch.nn.Module, ids: list[int], a: int, b: int, k: int = 8) -> tuple[float, float]:
-    """`|z_a - z_b|` of the target's next-token logits after `ids` (one parallel forward, float32 view of
-    the model's dtype), and the model's rounding noise there (`logit_noise`)."""
-    x = torch.tensor([ids], device=next(model.parameters()).device)
-    z = model(input_ids=x, logits_to_keep=1).logits[0, -1].float()
-    return abs(z[a].item() - z[b].item()), logit_noise(model, x, k)
-
-
-def logit_noise(model: torch.nn.Module, x: torch.Tensor, k: int = 8) -> float:
-    """Largest `|z_parallel - z_incremental|` over the last `k` positions of `x` (`[1, T]`) and the whole
-    vocabulary: the same logits computed by one forward over `x` and by feeding its last `k` tokens one
-    at a time through a KV cache. It is zero in exact arithmetic; what is left is the dtype's rounding."""
+    """`|z_a - z_b|`, the target's next-token logits of tokens `a` and `b` after `ids`, and its rounding
+    noise there: the largest `|z_parallel - z_stepped|` over the last `k` positions and the vocabulary,
+    where `z_parallel` comes from one forward over `ids` and `z_stepped` from feeding its last `k` tokens
+    one at a time through a KV cache (the engine's `ModelRunner`). Both are zero in exact arithmetic;
+    the noise is what the dtype's rounding leaves. The gap is read off the parallel forward's last row.
+    """
     from .kv_cache import model_cache
+    from .runner import ModelRunner
 
-    k = max(1, min(k, x.shape[1] - 1))
-    full = model(input_ids=x, logits_to_keep=k).logits[0, -k:].float()
-    cache = model_cache(model, "inplace", x.shape[1])
-    model(input_ids=x[:, :-k], cache=cache, use_cache=True, logits_to_keep=1)
-    steps = [model(input_ids=x[:, t : t + 1], cache=cache, use_cache=True).logits[0, -1].float()
-             for t in range(x.shape[1] - k, x.shape[1])]
-    return (full - torch.stack(steps)).abs().max().item()
+    x = torch.tensor([ids], device=next(model.parameters()).device)  # [1, T]
+    length = x.shape[1]
+    k = max(1, min(k, length - 1))
+    parallel = model(input_ids=x, logits_to_keep=k).logits[0, -k:].float()  # [k, V]
+    stepped = ModelRunner("tie", model, lambda: model_cache(model, "inplace", length), parallel.shape[-1], False)
+    stepped.start()
+    stepped.forward(x, length - k, 1)  # the prefix, in parallel
+    rows = torch.cat([stepped.forward(x, t + 1, 1) for t in range(length - k, length)])  # [k, V]
+    z = parallel[-1]
+    return abs(z[a].item() - z[b].item()), (parallel - rows).abs().max().item()
 
 
 def per_token_seconds(models: ModelSet, methods: list[BenchMethod], prompts: list[list[int]], steps: int = 32,

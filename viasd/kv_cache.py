@@ -104,8 +104,7 @@ class InPlaceLayer(DynamicLayer):
         self._map_batch(lambda t: t[indices, ...])
 
     def offload(self) -> None:
-        if self.is_initialized:
-            self._map_batch(lambda t: t.to("cpu", non_blocking=True))
+        self._map_batch(lambda t: t.to("cpu", non_blocking=True))
 
     def prefetch(self) -> None:
         if self.is_initialized and self._k.device != self.device:
@@ -132,7 +131,5 @@ def model_cache(model: nn.Module, kind: str = DEFAULT_CACHE, capacity: int | Non
         return cache
     cache = DynamicCache(config=model.config)
     if kind == "inplace":
-        if not cache.layers:  # no layer layout from the config: layers are created on first use
-            cache.layer_class_to_replicate = lambda: InPlaceLayer(capacity)
         cache.layers = [InPlaceLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache

@@ -9,10 +9,17 @@ from __future__ import annotations
 import json
 import logging
 
-from ..benchmark import BenchError, markdown, method_table, per_token_seconds, run_benchmark
+from ..benchmark import (
+    BenchError,
+    markdown,
+    method_table,
+    per_token_seconds,
+    run_benchmark,
+)
 from ..config import Params
-from ..policy import DEFAULT_CACHE
 from ..io import write_json, write_text
+from ..policy import DEFAULT_CACHE
+from .decode_stage import engine_options
 from .dimr_stage import mask_paths
 from .thresholds_stage import threshold_paths
 
@@ -31,13 +38,6 @@ def bench_paths(params: Params, pair: str, task: str, sweep: str | None = None, 
                                  (device.split(":")[0], "cpu"), (dtype, "float32")) if t != default]
     stem = "-".join([f"{pair}-{task}", *([f"sweep-{sweep}"] if sweep else []), *tags])
     return {"json": base / f"{stem}.json", "md": base / f"{stem}.md", "png": base / f"{stem}.png"}
-
-
-def engine_options(params: Params, given: dict | None = None) -> dict:
-    """Our methods' engine options (`cache`, `compile`): `given` over `decode` in params.yaml."""
-    section = params.raw["decode"]
-    options = {"cache": section.get("cache", DEFAULT_CACHE), "compile": bool(section.get("compile", False))}
-    return {**options, **{k: v for k, v in (given or {}).items() if v is not None}}
 
 
 def run_setting(models) -> dict:
@@ -97,9 +97,9 @@ def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: l
     cascade = params.raw["decode"].get("spec_cascade") or {}
     table = method_table(models, methods, gamma, max_new, viasd_settings(params, pair.name, task), cascade, engine)
     result = run_benchmark(models, bench_prompts(params, models, task, prompts), table, max_new, repeats, progress)
+    weight = next(models.target.parameters())
     result.update({"pair": pair.name, "task": task, "prompts": prompts, "max_new_tokens": max_new, "gamma": gamma,
-                   "repeats": repeats, **engine, "device": str(next(models.target.parameters()).device),
-                   "dtype": str(next(models.target.parameters()).dtype), "slim_layers": (
+                   "repeats": repeats, **engine, "device": str(weight.device), "dtype": str(weight.dtype), "slim_layers": (
                        list(models.slims[0].mask.keep_layers) if models.slims else None)})
     paths = bench_paths(params, pair.name, task, **engine, **run_setting(models))
     write_text(paths["md"], markdown(result, f"viasd bench: {pair.name} on {task}, {prompts} prompts x {max_new} "

@@ -16,10 +16,25 @@ from pathlib import Path
 from ..config import Params
 from ..policy import DEFAULT_CACHE, DecodePolicy
 from .runs import RunSpec, parse_run
-from .slims import StudyInputError, load_run_models, mask_file, read_json, slim_description, threshold_slim
+from .slims import (
+    StudyInputError,
+    load_run_models,
+    mask_file,
+    read_json,
+    slim_description,
+    threshold_slim,
+)
 from .thresholds_stage import threshold_paths
 
 __all__ = ["StudyInputError", "decode_paths", "run_decode_stage", "run_inputs", "run_policy"]
+
+
+def engine_options(params: Params, given: dict | None = None) -> dict:
+    """The engine options of our methods (`cache`, `compile`) from params.yaml's `decode`, with the
+    non-None entries of `given` (command-line overrides) on top."""
+    section = params.raw["decode"]
+    options = {"cache": section.get("cache", DEFAULT_CACHE), "compile": bool(section.get("compile", False))}
+    return {**options, **{k: v for k, v in (given or {}).items() if v is not None}}
 
 
 def decode_paths(params: Params, pair: str, task: str, run: str) -> dict:
@@ -48,8 +63,7 @@ def run_policy(params: Params, pair: str, task: str, run: str | RunSpec) -> Deco
     cascade = section.get("spec_cascade") or {}
     fields = {"method": spec.method, "gamma": section["gamma"], "gamma_slim": section.get("gamma_slim"),
               "rule": cascade.get("rule", "opt"), "alpha": cascade.get("alpha", 0.1),
-              "max_lag": section.get("max_lag", 0), "seed": params.seed, "cache": section.get("cache", DEFAULT_CACHE),
-              "compile": section.get("compile", False),
+              "max_lag": section.get("max_lag", 0), "seed": params.seed, **engine_options(params),
               "max_new_tokens": params.tasks.get(task, {}).get("max_new_tokens", 128)}
     if spec.method == "viasd":
         tuned = read_json(run_inputs(params, pair, task, spec)["thresholds"], "the tuned thresholds")
