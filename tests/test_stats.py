@@ -14,7 +14,8 @@ def check_accounting(s):
     if s.method == "ar":  # one target pass per token, nothing drafted
         assert s.passes["target"] == s.new_tokens + s.truncated and s.drafted == 0
         return
-    out = s.accepted_direct + s.accepted_slim + s.accepted_full + s.regenerated_slim + s.rejected_full + s.bonus
+    out = (s.accepted_direct + s.accepted_slim + s.accepted_full + s.regenerated_slim + s.rejected_full + s.bonus
+           + s.lagged_rejected - s.lagged_rolled_back)
     assert s.new_tokens == out - s.truncated
     if s.method == "cascade_sd":
         assert s.drafted == s.slim_accepted + s.rejected_slim + s.discarded
@@ -31,7 +32,7 @@ def check_accounting(s):
     if s.blocks:
         assert 0 <= s.rejection_rate <= 1 and 0 <= s.acceptance_rate <= 1
     # caches: each block feeds each model its own new positions only, never the whole prefix again
-    fed_limit = s.prompt_tokens + s.drafted + s.slim_generated + 2 * s.blocks + s.new_tokens
+    fed_limit = s.prompt_tokens + s.drafted + s.slim_generated + 2 * s.blocks + s.new_tokens + s.lagged_rolled_back
     for name, fed in s.tokens_processed.items():
         assert fed <= fed_limit, (name, fed, fed_limit)
     assert s.passes["target"] == s.escalated_blocks + s.catchup_passes
@@ -101,7 +102,7 @@ def test_n_tier_cascade_uses_larger_levels_lazily(model_sets, tokenizer):
     slims = [models.slims[0], type(models.slims[0])(models.target, RoutingMask.from_layers([0, 1, 2], 4))]
     ids = tokenizer(PROMPTS[0])["input_ids"]
     policy = DecodePolicy(method="viasd", gamma=4, max_new_tokens=N_NEW, eos_token_ids=(),
-                          tau_accept=(1.5, 1.0), tau_slim=(0.6, 0.3))
+                          tau_accept=(1.5, 1.0), tau_slim=(0.6, 0.3), verify_lagged=False)
     s = decode(ids, policy, models.target, models.vocab_size, draft=models.draft, slims=slims).stats
     check_accounting(s)
     assert len(s.direct_by_level) == 2

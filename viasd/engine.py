@@ -68,6 +68,8 @@ class DecodeSession:
         self.ids[0, : self.prompt_len] = torch.tensor(prompt, dtype=torch.long, device=device)
         self.length = self.prompt_len
         self.generated: list[int] = []
+        self.checked = self.prompt_len  # leading tokens the full model has seen or produced (viasd's lag)
+        self.proposals: dict[int, torch.Tensor] = {}  # viasd, sampling: position -> distribution its token came from
         self.done = False
         self.sampler = Sampler(policy.sampling, device, policy.seed)
         self.stop = StopRule(policy.max_new_tokens, eos_token_ids, policy.stop_strings, tokenizer)
@@ -131,6 +133,14 @@ class DecodeSession:
             del self.generated[keep:]
             self.length = self.prompt_len + keep
             self.done = True
+
+    def rewind(self, length: int) -> None:
+        """Drop the committed tokens at positions `length..` (the full model rejected a lagged token);
+        caches are rolled back by the `commit` that follows."""
+        assert self.prompt_len <= length <= self.length, (length, self.length)
+        del self.generated[length - self.prompt_len :]
+        self.length = length
+        self.stop.rewind(len(self.generated))
 
     def run(self, block: Callable[[DecodeSession], None]) -> DecodeResult:
         start = time.perf_counter()

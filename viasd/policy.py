@@ -16,7 +16,10 @@ DEFAULT_CACHE = "inplace"
 
 
 def _as_levels(value, n: int, name: str) -> tuple[float, ...]:
-    values = tuple(float(v) for v in value) if isinstance(value, (list, tuple)) else (float(value),) * max(n, 1)
+    try:
+        values = tuple(float(v) for v in value) if isinstance(value, (list, tuple)) else (float(value),) * max(n, 1)
+    except (TypeError, ValueError):
+        raise PolicyError(f"{name} must be a number or a list of numbers (inf switches a tier off), got {value!r}") from None
     if len(values) != max(n, 1):
         raise PolicyError(f"{name} has {len(values)} values but there are {n} slim verifiers (give one per level)")
     if any(math.isnan(v) for v in values):
@@ -52,6 +55,8 @@ class DecodePolicy:
     score: str = "ratio"
     confidence: str = "max_prob"
     max_lag: int = 0
+    gate: float = 0.0
+    verify_lagged: bool = True
     rule: str = "opt"
     alpha: float = 0.1
     gamma_slim: int | None = None
@@ -82,6 +87,16 @@ class DecodePolicy:
             raise PolicyError(f"cache must be one of {', '.join(CACHE_KINDS)}, got {self.cache!r}")
         if self.max_lag < 0:
             raise PolicyError(f"max_lag must be >= 0 (0 = never force a catch-up), got {self.max_lag}")
+        if not 0 <= self.gate <= 1:
+            raise PolicyError(f"gate must be a probability in [0, 1] (0 = off), got {self.gate}")
+        if not isinstance(self.verify_lagged, bool):
+            raise PolicyError(f"verify_lagged must be true or false, got {self.verify_lagged!r}")
+        for name in ("tau_accept", "tau_slim"):  # "inf" (as JSON writes an off tier) reads as a float
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, _as_levels(value, 1, name)[0])
+            elif isinstance(value, list):
+                object.__setattr__(self, name, tuple(float(v) for v in value))
         if self.gamma_slim is not None and self.gamma_slim < 1:
             raise PolicyError(f"gamma_slim must be a positive integer, got {self.gamma_slim}")
         taus = self.tau_accept if isinstance(self.tau_accept, (list, tuple)) else (self.tau_accept,)
@@ -100,6 +115,13 @@ class DecodePolicy:
     @property
     def needs_slim(self) -> bool:
         return self.method in ("viasd", "cascade_sd")
+
+    @property
+    def tiers_off(self) -> bool:
+        """Every tier threshold is `inf`: `viasd` then decodes exactly as `sd` (no slim pass)."""
+        values = [*(self.tau_accept if isinstance(self.tau_accept, tuple) else (self.tau_accept,)),
+                  *(self.tau_slim if isinstance(self.tau_slim, tuple) else (self.tau_slim,))]
+        return all(float(v) == math.inf for v in values)
 
     def levels(self, n_slims: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """Per-level (tau_accept, tau_slim) for `n_slims` slim verifiers."""

@@ -15,29 +15,33 @@ TIER_PARTS = (("accepted_direct", "tier 1: accepted directly", "tab:green"),
               ("rejected_full", "rejected by full model", "tab:red"))
 
 
-def frontier(rows: list[dict], quality_key: str, path: Path, title: str) -> None:
-    """Speedup vs ar (x) against quality (y), one labelled point per run; the Pareto front joined."""
+def frontier(rows: list[dict], measures: list[str], path: Path, title: str) -> None:
+    """Speedup vs ar (x) against each quality measure (y, one panel each), one labelled point per run;
+    each panel's Pareto front joined. `task_drop` is plotted as is (lower is better)."""
     plt = _pyplot()
-    pts = [(r["speedup_vs_ar"], r["quality"].get(quality_key), r["run"]) for r in rows
-           if r.get("speedup_vs_ar") is not None and r["quality"].get(quality_key) is not None]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for x, y, name in pts:
-        colour = "tab:blue" if name.startswith("viasd") else "tab:gray"
-        ax.scatter([x], [y], color=colour, s=28, zorder=3)
-        ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
-    front, best = [], float("-inf")
-    for x, y, _ in sorted(pts, key=lambda p: (-p[0], -p[1])):
-        if y > best:
-            front.append((x, y))
-            best = y
-    if len(front) > 1:
-        ax.plot(*zip(*sorted(front)), color="tab:red", lw=1, alpha=0.7, label="Pareto front")
-        ax.legend(fontsize=8)
-    ax.axvline(1.0, color="black", lw=0.6, ls="--")
-    ax.set_xlabel("speedup vs ar (wall time, same job)")
-    ax.set_ylabel(quality_key)
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
+    measures = measures or ["agreement"]
+    fig, axes = plt.subplots(1, len(measures), figsize=(6 * len(measures), 4.5), squeeze=False)
+    for ax, key in zip(axes[0], measures):
+        sign = -1 if key == "task_drop" else 1
+        pts = [(r["speedup_vs_ar"], r["quality"].get(key), r["run"]) for r in rows
+               if r.get("speedup_vs_ar") is not None and r["quality"].get(key) is not None]
+        for x, y, name in pts:
+            colour = "tab:blue" if name.startswith("viasd") else "tab:gray"
+            ax.scatter([x], [y], color=colour, s=28, zorder=3)
+            ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
+        front, best = [], float("-inf")
+        for x, y, _ in sorted(pts, key=lambda p: (-p[0], -sign * p[1])):
+            if sign * y > best:
+                front.append((x, y))
+                best = sign * y
+        if len(front) > 1:
+            ax.plot(*zip(*sorted(front)), color="tab:red", lw=1, alpha=0.7, label="Pareto front")
+            ax.legend(fontsize=8)
+        ax.axvline(1.0, color="black", lw=0.6, ls="--")
+        ax.set_xlabel("speedup vs ar (wall time, same job)")
+        ax.set_ylabel(key + (" (points below ar; lower is better)" if key == "task_drop" else ""))
+        ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=10)
     _save(fig, path)
     plt.close(fig)
 

@@ -7,9 +7,14 @@ Accounting identities every decode satisfies (tested):
                   drafted = slim_accepted + rejected_slim + discarded
                   slim_accepted + slim_generated = accepted_full + rejected_full + discarded_slim_level
 - output:        new_tokens = accepted_direct + accepted_slim + accepted_full + regenerated_slim
-                              + rejected_full + bonus - truncated
-  (each full-model rejection emits exactly one replacement token; `truncated` are tokens cut by
-  EOS, a stop string or `max_new_tokens` after a block produced them).
+                              + rejected_full + bonus + lagged_rejected - lagged_rolled_back - truncated
+  (each full-model rejection emits exactly one replacement token, a rejected lagged token too;
+  `lagged_rolled_back` are emitted tokens taken back when the full model rejected a lagged token
+  before them (viasd `verify_lagged`); `truncated` are tokens cut by EOS, a stop string or
+  `max_new_tokens` after a block produced them).
+- viasd tier pass rates by block position `i`: `position_reached[i]` positions the slim tiers examined,
+  `position_settled[i]` settled there by tier 1 or tier 2 (draft token kept), `position_regenerated[i]`
+  replaced by the slim (the block ends); the rest escalated.
 """
 
 from __future__ import annotations
@@ -40,6 +45,12 @@ class DecodeStats:
     truncated: int = 0
     escalated_blocks: int = 0  # blocks in which the full model ran to verify
     catchup_passes: int = 0  # forced full-model passes to bound its cache lag (viasd max_lag)
+    gated_blocks: int = 0  # viasd: blocks sent straight to the full model (tiers off, or the draft gate)
+    bonus_withheld: int = 0  # viasd: blocks settled by the tiers whose bonus token failed the confidence test
+    lagged_checked: int = 0  # viasd verify_lagged: lagged tokens the full model tested
+    lagged_rejected: int = 0  # ... and rejected (each emits the full model's replacement)
+    lagged_rolled_back: int = 0  # emitted tokens taken back by those rejections
+    blocks_rolled_back: int = 0  # blocks whose draft was dropped because a lagged token was rejected
     # cascade_sd only: the slim level's own tokens
     slim_accepted: int = 0
     slim_generated: int = 0
@@ -49,11 +60,31 @@ class DecodeStats:
     direct_by_level: list[int] = field(default_factory=list)
     slim_accept_by_level: list[int] = field(default_factory=list)
     regen_by_level: list[int] = field(default_factory=list)
+    # viasd: per block position (0..gamma-1), see the module docstring
+    position_reached: list[int] = field(default_factory=list)
+    position_settled: list[int] = field(default_factory=list)
+    position_regenerated: list[int] = field(default_factory=list)
     # work per model: name -> value
     passes: dict[str, int] = field(default_factory=dict)
     tokens_processed: dict[str, int] = field(default_factory=dict)
     time_s: dict[str, float] = field(default_factory=dict)
     wall_time_s: float = 0.0
+
+    def grow_positions(self, g: int) -> None:
+        """Make the per-position counters at least `g` long."""
+        for name in ("position_reached", "position_settled", "position_regenerated"):
+            values = getattr(self, name)
+            values.extend([0] * (g - len(values)))
+
+    def position_pass_rates(self) -> list[float | None]:
+        """Per block position: the share of positions the slim tiers examined that they settled
+        (draft token kept, no full model)."""
+        return [_ratio(s, r) for s, r in zip(self.position_settled, self.position_reached)]
+
+    @property
+    def gated_rate(self) -> float | None:
+        """Share of blocks that skipped the slim tiers (gate or tiers off)."""
+        return _ratio(self.gated_blocks, self.blocks)
 
     @property
     def draft_kept(self) -> int:
@@ -111,7 +142,9 @@ class DecodeStats:
                 if isinstance(value, (int, float)):
                     setattr(total, name, current + value)
                 elif isinstance(value, list):
-                    setattr(total, name, [a + b for a, b in zip(current, value)] if current else list(value))
+                    n = max(len(current), len(value))
+                    setattr(total, name, [(current[i] if i < len(current) else 0) + (value[i] if i < len(value) else 0)
+                                          for i in range(n)])
                 elif isinstance(value, dict):
                     for key, v in value.items():
                         current[key] = current.get(key, 0) + v
@@ -128,10 +161,12 @@ class DecodeStats:
             "mean_accepted_length",
             "tokens_per_block",
             "block_escalation_rate",
+            "gated_rate",
             "tokens_per_second",
         ):
             out[name] = getattr(self, name)
         out["full_passes_per_token"] = self.full_passes_per_token()
+        out["position_pass_rates"] = self.position_pass_rates()
         return out
 
     def summary(self) -> str:
@@ -153,7 +188,9 @@ class DecodeStats:
                 lines.append(
                     f"tiers: direct {self.accepted_direct}, slim-accepted {self.accepted_slim}, "
                     f"slim-regenerated {self.regenerated_slim}, full-accepted {self.accepted_full}, "
-                    f"full-rejected {self.rejected_full}; escalated blocks {pct(self.block_escalation_rate)}"
+                    f"full-rejected {self.rejected_full}; escalated blocks {pct(self.block_escalation_rate)} "
+                    f"(gated {pct(self.gated_rate)}); bonus withheld {self.bonus_withheld}; lagged checked "
+                    f"{self.lagged_checked}, rejected {self.lagged_rejected} (rolled back {self.lagged_rolled_back})"
                 )
         lines.append(
             "passes: "

@@ -40,6 +40,10 @@ class StopRule:
         self._checked = end
         return end if end >= self.max_new_tokens else None
 
+    def rewind(self, n: int) -> None:
+        """The generated tokens were cut back to `n`: check from there again."""
+        self._checked = min(self._checked, n)
+
     def _stop_string_end(self, tokens: list[int], start: int, end: int) -> int | None:
         lo = max(0, start - self._lookback)
         if not any(s in self._text(tokens[lo:end]) for s in self.stop_strings):

@@ -133,13 +133,16 @@ def _tune_thresholds(args) -> int:
         if slim == "independent" and pair.trained:
             slim_input = {"model.independent": params.model_dir("independent")}
         track(args, params, "tune_thresholds", f"tune_thresholds/{pair.name}/{out['task']}/{slim}",
-              {k: out[k] for k in ("gamma", "tau_accept", "tau_slim", "score", "confidence", "max_quality_drop")}
+              {k: out[k] for k in ("gamma", "tau_accept", "tau_slim", "score", "confidence", "gate", "max_lag",
+                                   "verify_lagged", "tiers_off", "quality_constraints")}
               | {"search": out["signature"]["config"], "slim_layers": out["mask"]},
-              {**out["dev"], "cost_vs_sd": out["cost_vs_sd"], "trials": out["trials"],
+              {**{k: v for k, v in out["dev"].items() if not isinstance(v, list)}, "cost_vs_sd": out["cost_vs_sd"],
+               "trials": out["trials"],
                "up_to_date": out.get("up_to_date", False)}, {"task": out["task"], "slim": slim},
               [paths["json"], paths["plot"]],
               {"trial_cost_per_token": [t["cost_per_token"] for t in trace],
-               "trial_quality_drop": [t["quality_drop"] for t in trace]},
+               "trial_fidelity": [t["fidelity"] for t in trace],
+               "trial_task_drop": [t["task_drop"] for t in trace if t.get("task_drop") is not None]},
               inputs=input_files(params, pair, out["task"]) | slim_input
               | {"data.dev": params.data.dir / "tasks" / out["task"] / "dev.jsonl"})
         print(json.dumps({"slim": slim} | {k: out[k] for k in ("gamma", "tau_accept", "tau_slim", "score",

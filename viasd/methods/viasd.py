@@ -1,20 +1,33 @@
-"""`viasd`: three-tier (N-tier) speculative decoding with routed slim verifiers (DESIGN.md §2.2).
+"""`viasd`: three-tier (N-tier) speculative decoding with routed slim verifiers (docs/method.md).
 
-Per block: the draft proposes `x_1..x_g` with `p`; slim verifier(s) `q'` run once over the block (the
-first always, larger ones only when a position reaches them); then for `i = 1..g` in order, for each
-slim level `k` (smallest first):
-1. direct acceptance: score `s_i >= tau_accept[k]` (sampling, probabilistic score: with probability
-   `min(1, s_i / tau_accept[k])`) -> keep `x_i`, next position;
-2. slim regeneration: confidence `c_i >= tau_slim[k]` -> draw from `norm(max(0, q'_i - p_i))`
-   (greedy: `argmax q'_i`); if that is `x_i` it counts as accepted at tier 2 and the block goes on,
-   otherwise it replaces `x_i` and the block ends without running the full model;
-3. when no level settles position `i`: escalate. The full model runs once over every position not
-   yet in its cache (accepted tokens of earlier blocks it never saw, plus this block) and the
-   lossless test of §2.1 decides positions `i..g`.
-If every position is settled by the slim tiers the bonus token comes from the largest slim level
-that ran. The full model's cache therefore lags behind the output; with `max_lag > 0` a lag above
-it forces one parallel catch-up pass at the start of a block.
-Lossy by design: tiers 1-2 emit tokens the full model never checked.
+Notation: draft `p`, slim verifier(s) `q'`, full model `q`, block `x_1..x_g` (0-indexed rows here).
+Per block:
+0. gate (tier 0): with every tier off, or when the draft is unsure of its own block
+   (`min_i p_i(x_i) < gate`), no slim pass runs and the block is a plain `sd` block: the full model
+   verifies it losslessly (and checks every lagged token on the way, below). With tiers off this is
+   exactly `sd`: the same tokens, the same passes, no slim pass.
+1. the slim verifier(s) run once over the block (larger levels only when a position reaches them);
+   for `i = 1..g`, for each level `k` (smallest first):
+   - direct acceptance: score `s_i >= tau_accept[k]` (sampling, probabilistic score: accept with
+     probability `min(1, s_i / tau_accept[k])`) -> keep `x_i`, next position;
+   - slim regeneration: confidence `c_i >= tau_slim[k]` -> draw from `norm(max(0, q'_i - p_i))`
+     (greedy: `argmax q'_i`); if that is `x_i` it counts as accepted at tier 2 and the block goes on,
+     otherwise it replaces `x_i` and the block ends without the full model;
+2. escalation, when no level settles position `i`: the full model runs once over every position
+   not yet in its cache (tokens of earlier blocks it never saw, plus this block) and the lossless
+   test of SD decides positions `i..g`.
+If every position settles without `q`, the bonus token `x_{g+1}` comes from the largest slim level
+that ran, and only if that level's confidence at `g+1` passes its `tau_slim`; otherwise the block
+ends after `x_g`.
+
+Lag: the full model's cache lags behind the output. `max_lag > 0` forces a parallel catch-up pass
+when the lag exceeds it. With `verify_lagged`, every full-model pass (escalation, gated block,
+catch-up) also tests the lagged tokens it is fed — their logits cost only LM-head rows: greedy, a
+token must be `argmax q`; sampling, it is accepted with probability `min(1, q(t)/r(t))` against the
+distribution `r` it was drawn from (exact for a token drawn from `r`, an approximation once a tier
+filtered it). At the first rejection the output rolls back to that position and the full model's
+token (greedy: `argmax q`; sampling: a draw from `norm(max(0, q - r))`) replaces it.
+Lossy by design: tokens settled by the slim tiers and not re-checked are emitted unverified.
 """
 
 from __future__ import annotations
@@ -28,68 +41,175 @@ from .sd import record_full_verification
 
 
 class _Level:
-    """One slim verifier's view of the block: probabilities and host-side tier decisions."""
+    """One slim verifier's view of the block: probabilities and host-side tier decisions.
+
+    `logits`, `q`: `[g+1, V]` (rows `q'_1..q'_g` and the bonus row `q'_{g+1}`); `accept`: `[g]` tier-1
+    decisions; `confident`: `[g+1]` tier-2 confidence tests (the last one gates the bonus token).
+    """
 
     def __init__(self, s, k: int, x: torch.Tensor, p: torch.Tensor, g: int):
-        tau_accept, tau_slim = s.tier_thresholds[k]
+        tau_accept, self.tau_slim = s.tier_thresholds[k]
         score, confidence = SCORES[s.policy.score], CONFIDENCES[s.policy.confidence]
         self.logits = s.slims[k].forward(s.ids, s.length + g, g + 1)  # rows q'_1..q'_g, q'_{g+1}
         self.q = s.sampler.probs(self.logits)
         u = None if s.sampler.greedy else s.sampler.uniform(g, x.device)
         accept = direct_accept(score, score.fn(self.q[:g], p, x), tau_accept, u)
-        confident = confidence.fn(self.q[:g]) >= tau_slim
-        self.accept, self.confident = torch.stack((accept, confident)).tolist()  # one host sync
+        confident = confidence.fn(self.q) >= self.tau_slim
+        self.accept = accept.tolist()
+        self.confident = confident.tolist()
 
-    def regenerate(self, s, i: int, p: torch.Tensor) -> torch.Tensor:
+    def regenerate(self, s, i: int, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The tier-2 token at row `i` and, in sampling mode, the distribution it was drawn from."""
         if s.sampler.greedy:
-            return self.logits[i].argmax()
-        return s.sampler.sample(residual(self.q[i], p[i]))
+            return self.logits[i].argmax(), None
+        dist = residual(self.q[i], p[i])
+        return s.sampler.sample(dist), dist
+
+
+def _tiers_off(s) -> bool:
+    return all(a == float("inf") and b == float("inf") for a, b in s.tier_thresholds)
+
+
+def _verify_lagged(s, q_logits: torch.Tensor, first: int) -> bool:
+    """Test the lagged tokens at positions `s.checked .. s.length-1` against the full model.
+
+    `q_logits` rows are the full model's logits at input positions `first, first+1, ...` (row `r`
+    predicts the token at position `first + r + 1`). Returns True when a token was rejected: the
+    output then ends at the rejected position with the full model's replacement, and the caller
+    ends the block.
+    """
+    st = s.stats
+    lo, hi = s.checked, s.length  # lagged output positions lo..hi-1
+    if lo >= hi:
+        return False
+    rows = q_logits[lo - 1 - first : hi - 1 - first]  # [hi - lo, V]: q at positions lo..hi-1
+    tokens = s.ids[0, lo:hi]
+    if s.sampler.greedy:
+        choice = rows.argmax(-1)
+        ok = tokens == choice
+        n = int(ok.to(torch.int64).cumprod(0).sum().item())
+        replacement = choice[n] if n < hi - lo else None
+    else:
+        q = s.sampler.probs(rows)
+        r = torch.stack([s.proposals.get(j, q[j - lo]) for j in range(lo, hi)])  # [hi - lo, V]
+        u = s.sampler.uniform(hi - lo, rows.device)
+        qx, rx = q.gather(-1, tokens[:, None])[:, 0], r.gather(-1, tokens[:, None])[:, 0]
+        n = int((u * rx < qx).to(torch.int64).cumprod(0).sum().item())
+        replacement = s.sampler.sample(residual(q[n], r[n])) if n < hi - lo else None
+    st.lagged_checked += min(n + 1, hi - lo)
+    if replacement is None:
+        s.checked = hi
+        s.proposals.clear()
+        return False
+    at = lo + n
+    st.lagged_rejected += 1
+    st.lagged_rolled_back += hi - at
+    s.rewind(at)
+    s.commit(0, replacement)
+    s.checked = s.length
+    s.proposals.clear()
+    return True
+
+
+def _full_block(s, x: torch.Tensor, p: torch.Tensor | None, g: int, i: int) -> None:
+    """The full model settles block positions `i..g-1` (after checking lagged tokens, if asked)."""
+    check = s.policy.verify_lagged and s.checked < s.length
+    first = s.target.cached if check else s.length - 1 + i  # first input position whose logits we need
+    assert first <= s.length - 1 + i and (not check or first <= s.checked - 1), (first, s.checked, s.length)
+    q_logits = s.target.forward(s.ids, s.length + g, s.length + g - first)
+    if check and _verify_lagged(s, q_logits, first):
+        s.stats.escalated_blocks += 1
+        s.stats.discarded += g
+        s.stats.blocks_rolled_back += 1
+        return
+    rows = q_logits[s.length - 1 + i - first :]  # q_{i+1}..q_{g+1}
+    n, token = lossless(x[i:], p[i:] if p is not None else None, rows, s.sampler)
+    record_full_verification(s.stats, g, n, already=i)
+    s.commit(i + n, token)
+    s.checked = s.length
+    s.proposals.clear()
+
+
+def _count_settled(st, settled: list[tuple[bool, int]]) -> None:
+    """Add the tier-1 / tier-2 decisions of the positions a block emits without the full model."""
+    for direct, k in settled:
+        if direct:
+            st.accepted_direct += 1
+            st.direct_by_level[k] += 1
+        else:
+            st.accepted_slim += 1
+            st.slim_accept_by_level[k] += 1
 
 
 def block(s) -> None:
     st, pol = s.stats, s.policy
     if pol.max_lag and s.length - 1 - s.target.cached > pol.max_lag:
-        s.target.forward(s.ids, s.length - 1, 1)  # catch up in one parallel pass
+        # catch up in one parallel pass; its logits also check the lagged tokens (verify_lagged)
+        check = pol.verify_lagged and s.checked < s.length
+        first = s.target.cached
+        q_logits = s.target.forward(s.ids, s.length - 1, (s.length - 1 - first) if check else 1)
         st.catchup_passes += 1
+        if check and _verify_lagged(s, q_logits, first):
+            return
     g = s.block_size()
     x, p_logits = s.draft_tokens(g)
     p = s.sampler.probs(p_logits)
-    x_host = x.tolist()
     st.blocks += 1
     st.drafted += g
+    p_sampling = None if s.sampler.greedy else p
+    if _tiers_off(s) or (pol.gate > 0 and float(p.gather(-1, x[:, None]).min()) < pol.gate):
+        st.gated_blocks += 1
+        _full_block(s, x, p_sampling, g, 0)
+        return
+    st.grow_positions(g)
+    x_host = x.tolist()
+    keep_proposals = pol.verify_lagged and not s.sampler.greedy
     levels: list[_Level] = []
-    i = 0
-    while i < g:
-        settled = False
+    settled: list[tuple[bool, int]] = []  # per settled position: (tier 1?, slim level)
+    for i in range(g):
+        st.position_reached[i] += 1
+        decision = None
         for k in range(len(s.slims)):
             if k == len(levels):
                 levels.append(_Level(s, k, x, p, g))
             level = levels[k]
             if level.accept[i]:  # tier 1
-                st.accepted_direct += 1
-                st.direct_by_level[k] += 1
-                settled = True
+                decision = (True, k)
                 break
             if level.confident[i]:  # tier 2
-                token = level.regenerate(s, i, p)
+                token, dist = level.regenerate(s, i, p)
                 if int(token) == x_host[i]:
-                    st.accepted_slim += 1
-                    st.slim_accept_by_level[k] += 1
-                    settled = True
+                    decision = (False, k)
                     break
+                _count_settled(st, settled)
                 st.regenerated_slim += 1
                 st.regen_by_level[k] += 1
+                st.position_regenerated[i] += 1
                 st.verified += i + 1
                 st.discarded += g - i - 1
+                if keep_proposals:
+                    s.proposals.update({s.length + j: p[j] for j in range(i)})
+                    s.proposals[s.length + i] = dist
                 s.commit(i, token)
                 return
-        if not settled:  # tier 3: the full model decides positions i..g
-            q_logits = s.target.forward(s.ids, s.length + g, g + 1 - i)  # rows q_{i+1}..q_{g+1}
-            n, token = lossless(x[i:], None if s.sampler.greedy else p[i:], q_logits, s.sampler)
-            record_full_verification(st, g, n, already=i)
-            s.commit(i + n, token)
+        if decision is None:  # tier 3: the full model decides; with verify_lagged it re-checks 0..i-1 too
+            if not pol.verify_lagged:
+                _count_settled(st, settled)
+            _full_block(s, x, p_sampling, g, 0 if pol.verify_lagged else i)
             return
-        i += 1
-    st.bonus += 1
+        settled.append(decision)
+        st.position_settled[i] += 1
+    # every position settled without q: the bonus token only if the last level is confident there
+    _count_settled(st, settled)
     st.verified += g
-    s.commit(g, s.sampler.pick(levels[-1].logits[g], levels[-1].q[g]))
+    top = levels[-1]
+    if keep_proposals:
+        s.proposals.update({s.length + j: p[j] for j in range(g)})
+    if top.confident[g]:
+        st.bonus += 1
+        if keep_proposals:
+            s.proposals[s.length + g] = top.q[g]
+        s.commit(g, s.sampler.pick(top.logits[g], top.q[g]))
+    else:
+        st.bonus_withheld += 1
+        s.commit(g - 1, x[g - 1])

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 def agreement(tokens: list[int], target_greedy: list[int]) -> float:
     """Share of the target's own greedy tokens that the output reproduces position by position
-    (1.0 for every lossless greedy method)."""
+    (1.0 for every lossless greedy method). After the first lossy token a greedy continuation mostly
+    differs, so this measures where that token fell more than how many there were: see `fidelity`."""
     if not target_greedy:
         return 1.0 if not tokens else 0.0
     same = sum(a == b for a, b in zip(tokens, target_greedy))
@@ -26,3 +27,35 @@ def target_nll(target, prompt_ids: list[int], tokens: list[int], vocab_size: int
     if vocab_size is not None:
         logits = logits[:, :vocab_size]
     return F.cross_entropy(logits.float(), ids[0, -len(tokens):]).item()
+
+
+@torch.inference_mode()
+def teacher_forced(target, prompt_ids: list[int], tokens: list[int], vocab_size: int | None = None) -> dict | None:
+    """One parallel pass of the target over `prompt + tokens` (teacher forcing).
+
+    Returns `{"fidelity", "nll", "tokens"}`: `fidelity` is the share of `tokens` equal to the target's
+    greedy choice *given the generated prefix* (`tokens[t] == argmax q(. | prompt, tokens[:t])`), so a
+    lossy token counts once and does not poison the rest of the sequence; `nll` is the target's mean
+    negative log-likelihood of `tokens` (nats/token). None for an empty output.
+    """
+    if not tokens:
+        return None
+    device = next(target.parameters()).device
+    ids = torch.tensor([list(prompt_ids) + list(tokens)], device=device)
+    logits = target(input_ids=ids[:, :-1], use_cache=False, logits_to_keep=len(tokens)).logits[0]  # [n, V]
+    if vocab_size is not None:
+        logits = logits[:, :vocab_size]
+    logits = logits.float()
+    gold = ids[0, -len(tokens):]
+    return {"fidelity": (logits.argmax(-1) == gold).float().mean().item(),
+            "nll": F.cross_entropy(logits, gold).item(), "tokens": len(tokens)}
+
+
+def pooled(scores: list[dict | None]) -> dict:
+    """Token-weighted `fidelity` and `nll` over several outputs (None where nothing was generated)."""
+    parts = [s for s in scores if s]
+    n = sum(s["tokens"] for s in parts)
+    if not n:
+        return {"fidelity": None, "nll": None, "tokens": 0}
+    return {"fidelity": sum(s["fidelity"] * s["tokens"] for s in parts) / n,
+            "nll": sum(s["nll"] * s["tokens"] for s in parts) / n, "tokens": n}

@@ -66,23 +66,36 @@ def layer_keep_frequency(trials: list[dict], num_layers: int, path: Path, title:
     plt.close(fig)
 
 
-def speed_quality(trials: list[dict], best: dict, max_drop: float, path: Path, title: str) -> None:
-    """Cost per token vs quality drop of every threshold trial, the constraint and the chosen point."""
+def speed_quality(trials: list[dict], best: dict, quality, path: Path, title: str) -> None:
+    """Cost per token of every threshold candidate against fidelity (left) and the task-quality drop vs
+    ar (right): feasible / infeasible trials, the tiers-off (SD) points, the bounds and the chosen point.
+    `quality`: the search's `QualityConstraints`."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ok = [t for t in trials if t["quality_drop"] <= max_drop]
-    bad = [t for t in trials if t["quality_drop"] > max_drop]
-    for group, colour, label in ((ok, "tab:blue", "feasible"), (bad, "tab:gray", "over the quality limit")):
-        if group:
-            ax.scatter([t["quality_drop"] for t in group], [1000 * t["cost_per_token"] for t in group], s=18,
-                       color=colour, alpha=0.7, label=label)
-    ax.scatter([best["quality_drop"]], [1000 * best["cost_per_token"]], s=120, marker="*", color="tab:red",
-               label=f"chosen (gamma={best['gamma']}, tau_accept={best['tau_accept']:.2f}, "
-                     f"tau_slim={best['tau_slim']:.2f})")
-    ax.axvline(max_drop, color="k", ls=":", lw=1)
-    ax.set_xlabel("quality drop (1 - agreement with target greedy)")
-    ax.set_ylabel("modelled cost per token (ms)")
-    ax.set_title(title)
-    ax.legend(fontsize=7)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    panels = ((axes[0], "fidelity", "fidelity (tokens = target's greedy choice given the prefix)",
+               quality.min_fidelity),
+              (axes[1], "task_drop", f"task-quality drop vs ar ({best.get('task_metric') or 'task metric'}, points)",
+               quality.max_task_drop))
+    groups = (([t for t in trials if not t.get("tiers_off") and t.get("feasible")], "tab:blue", "o", "feasible"),
+              ([t for t in trials if not t.get("tiers_off") and not t.get("feasible")], "tab:gray", "o",
+               "misses a quality bound"),
+              ([t for t in trials if t.get("tiers_off")], "black", "s", "tiers off (plain SD), per gamma"))
+    for ax, key, label, bound in panels:
+        for group, colour, marker, name in groups:
+            pts = [(t[key], 1000 * t["cost_per_token"]) for t in group if t.get(key) is not None]
+            if pts:
+                ax.scatter(*zip(*pts), s=18, color=colour, marker=marker, alpha=0.75, label=name)
+        if best.get(key) is not None:
+            what = ("tiers off (SD)" if best.get("tiers_off") else
+                    f"tau_accept={float(best['tau_accept']):.2f}, tau_slim={float(best['tau_slim']):.2f}")
+            ax.scatter([best[key]], [1000 * best["cost_per_token"]], s=140, marker="*", color="tab:red",
+                       label=f"chosen (gamma={best['gamma']}, {what})")
+        if bound is not None:
+            ax.axvline(bound, color="k", ls=":", lw=1)
+        ax.set_xlabel(label, fontsize=8)
+        ax.set_ylabel("modelled cost per token (ms)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
     _save(fig, path)
     plt.close(fig)

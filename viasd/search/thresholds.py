@@ -1,85 +1,166 @@
-"""Threshold tuning for VIA-SD (DESIGN.md §2.4) with Optuna, on a task's dev split.
+"""Threshold tuning for VIA-SD (docs/method.md, "Threshold tuning") with Optuna, on a task's dev split.
 
-Searched: `gamma`, `tau_accept` (log scale), `tau_slim`, and the tier rule variants (score and
-confidence functions). Objective: cost per generated token under the cost model
+Searched: `gamma`, the score (tier 1) with a `tau_accept` range that suits it (a likelihood ratio on a
+log scale, a probability on [0, 1]), the confidence (tier 2) and `tau_slim`, the draft gate (tier 0),
+`max_lag` and `verify_lagged`. Objective: cost per generated token under the cost model
 `(draft passes * c_p + slim passes * c_s + full passes * c_q) / tokens`, with per-pass costs `c`
-measured on this machine; the measured wall time per token is recorded beside it. Constraint:
-quality drop `1 - agreement with the target's greedy output` at most `max_quality_drop`. The best
-trial is the cheapest feasible one; when none is feasible the search fails and says which
-constraint was missed and by how much.
+measured on this machine; the measured wall time per token is recorded beside it. Constraints
+(`metrics.quality.QualityConstraints`): fidelity, the task metric's drop against `ar` on the same
+prompts, optionally agreement.
+
+The tiers-off point (`viasd` with every tier off decodes exactly as `sd`, no slim pass) is always a
+candidate, at every searched `gamma`: a tuned policy is never costlier than SD on the dev split, and
+when SD wins the result says so (`tiers_off`).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ..errors import ViasdError
-from ..metrics.model_metrics import agreement
+from ..metrics.model_metrics import agreement, pooled, teacher_forced
+from ..metrics.quality import QualityConstraints, main_metric, task_drop
 from ..models import ModelSet
 from ..policy import DecodePolicy
 from ..stats import DecodeStats
-from ..tasks.base import Example
+from ..tasks.base import Example, TaskSpec
+
+# scores whose values are probabilities (tau_accept searched on [0, 1]); the others are ratios (log scale)
+PROBABILITY_SCORES = frozenset({"slim_prob"})
+OFF = math.inf
 
 
 class InfeasibleError(ViasdError):
-    """No trial met the quality constraint."""
+    """No candidate, not even the tiers-off (SD) point, met the quality constraints."""
 
 
 @dataclass(frozen=True)
 class ThresholdConfig:
     n_trials: int = 30
-    max_quality_drop: float = 0.1
+    quality: QualityConstraints = field(default_factory=QualityConstraints)
     gamma: tuple[int, ...] = (2, 3, 4, 6)
-    tau_accept: tuple[float, float] = (0.3, 3.0)
-    tau_slim: tuple[float, float] = (0.2, 0.95)
-    scores: tuple[str, ...] = ("ratio", "ratio_argmax")
+    tau_accept: tuple[float, float] = (0.3, 3.0)  # ratio scores, log scale
+    tau_accept_prob: tuple[float, float] = (0.05, 1.0)  # probability scores
+    tau_slim: tuple[float, float] = (0.2, 0.99)
+    scores: tuple[str, ...] = ("ratio", "ratio_argmax", "slim_prob")
     confidences: tuple[str, ...] = ("max_prob", "margin")
+    gate: tuple[float, float] = (0.0, 0.9)  # draft-confidence gate; 0 = off
+    max_lag: tuple[int, ...] = (0, 16)
+    verify_lagged: tuple[bool, ...] = (True, False)
     seed: int = 0
 
 
 class DevSet:
-    """Dev prompts with the target's greedy outputs, computed once, and the cost model's per-pass costs.
+    """Dev prompts with the target's greedy outputs and their task score, computed once, and the cost
+    model's per-pass costs.
 
     `pass_cost` (seconds per pass of `draft`, `slim`, `target`) measured elsewhere is used as given:
     searches for several slim verifiers of the same size then differ by their pass counts, not by
     timing noise. Without it, `measure_pass_cost` times them here (once, on first need)."""
 
     def __init__(self, models: ModelSet, examples: list[Example], max_new_tokens: int, stop_strings=(),
-                 pass_cost: dict[str, float] | None = None):
+                 pass_cost: dict[str, float] | None = None, task: TaskSpec | None = None):
         self.models = models
+        self.examples = examples
+        self.task = task
+        self.metric = main_metric(task.metrics) if task is not None else None
         self.prompts = [e.prompt_ids if e.prompt_ids is not None else models.encode(e.prompt) for e in examples]
         self.base = DecodePolicy(method="viasd", max_new_tokens=max_new_tokens, stop_strings=tuple(stop_strings))
         ar = [models.generate(p, replace(self.base, method="ar")) for p in self.prompts]
         self.reference = [r.token_ids for r in ar]
         ar_stats = DecodeStats.merge([r.stats for r in ar])
         self.ar_seconds_per_token = ar_stats.wall_time_s / max(ar_stats.new_tokens, 1)
+        self.ar_task = self.task_score([r.text for r in ar])
         self.pass_cost = dict(pass_cost) if pass_cost is not None else None
 
+    def task_score(self, texts: list[str | None]) -> float | None:
+        """The task's main metric of `texts` against the dev references (None without a task metric)."""
+        if self.metric is None or self.models.tokenizer is None:
+            return None
+        from ..evaluation import task_quality
+
+        rows = [{"text": t or "", "token_ids": []} for t in texts]
+        return task_quality(replace(self.task, metrics=(self.metric,)), self.examples, rows).get(self.metric)
+
     def measure_pass_cost(self) -> dict[str, float]:
-        """Seconds per pass of each model, from `sd`-like decodes (tiers off) of the first two prompts."""
-        probe = DecodeStats.merge([self.models.generate(p, replace(self.base, gamma=4, tau_accept=math.inf,
-                                                                  tau_slim=math.inf)).stats for p in self.prompts[:2]])
-        self.pass_cost = {m: probe.time_s[m] / max(probe.passes[m], 1) for m in ("draft", "slim", "target")}
+        """Seconds per pass of each model, from decodes of the first two prompts in which the slim runs
+        every block and every block escalates (tiers that never pass)."""
+        probe = replace(self.base, gamma=4, tau_accept=1e30, tau_slim=2.0, score="ratio", confidence="max_prob",
+                        verify_lagged=False, gate=0.0, max_lag=0)
+        stats = DecodeStats.merge([self.models.generate(p, probe).stats for p in self.prompts[:2]])
+        self.pass_cost = {m: stats.time_s[m] / max(stats.passes[m], 1) for m in ("draft", "slim", "target")}
         return self.pass_cost
 
     def evaluate(self, policy: DecodePolicy) -> dict:
+        """Decode every dev prompt with `policy`: cost (model and wall) and the three quality measures."""
         results = [self.models.generate(p, policy) for p in self.prompts]
         stats = DecodeStats.merge([r.stats for r in results])
         tokens = max(stats.new_tokens, 1)
         agree = sum(agreement(r.token_ids, ref) for r, ref in zip(results, self.reference)) / len(results)
+        scores = pooled([teacher_forced(self.models.target, p, r.token_ids, self.models.vocab_size)
+                         for p, r in zip(self.prompts, results)])
+        score = self.task_score([r.text for r in results])
         modeled = sum(stats.passes.get(m, 0) * c for m, c in self.pass_cost.items()) / tokens
-        return {"cost_per_token": modeled, "wall_per_token": stats.wall_time_s / tokens, "agreement": agree,
-                "quality_drop": 1 - agree, "rejection_rate": stats.rejection_rate,
-                "acceptance_rate": stats.acceptance_rate, "block_escalation_rate": stats.block_escalation_rate,
+        return {"cost_per_token": modeled, "wall_per_token": stats.wall_time_s / tokens,
+                "fidelity": scores["fidelity"], "nll": scores["nll"], "agreement": agree,
+                "task_metric": self.metric, "task_score": score, "task_score_ar": self.ar_task,
+                "task_drop": task_drop(self.metric, self.ar_task, score) if self.metric else None,
+                "rejection_rate": stats.rejection_rate, "acceptance_rate": stats.acceptance_rate,
+                "block_escalation_rate": stats.block_escalation_rate, "gated_rate": stats.gated_rate,
                 "full_passes_per_token": stats.full_passes_per_token(),
+                "position_pass_rates": stats.position_pass_rates(),
+                "lagged_rolled_back": stats.lagged_rolled_back,
                 "passes_per_token": {m: stats.passes.get(m, 0) / tokens for m in self.pass_cost},
                 "speedup_model_vs_ar": (self.pass_cost["target"] / modeled) if modeled else None}
 
 
+def suggest_policy(trial, base: DecodePolicy, cfg: ThresholdConfig) -> DecodePolicy:
+    """One point of the search space; `tau_accept` is searched per kind of score (its own parameter)."""
+    score = trial.suggest_categorical("score", list(cfg.scores))
+    if score in PROBABILITY_SCORES:
+        tau_accept = trial.suggest_float("tau_accept_prob", *cfg.tau_accept_prob)
+    else:
+        tau_accept = trial.suggest_float("tau_accept_ratio", *cfg.tau_accept, log=True)
+    return replace(base,
+                   gamma=trial.suggest_categorical("gamma", list(cfg.gamma)),
+                   score=score, tau_accept=tau_accept,
+                   confidence=trial.suggest_categorical("confidence", list(cfg.confidences)),
+                   tau_slim=trial.suggest_float("tau_slim", *cfg.tau_slim),
+                   gate=trial.suggest_float("gate", *cfg.gate) if cfg.gate[1] > cfg.gate[0] else cfg.gate[0],
+                   max_lag=trial.suggest_categorical("max_lag", list(cfg.max_lag)),
+                   verify_lagged=trial.suggest_categorical("verify_lagged", list(cfg.verify_lagged)))
+
+
+POLICY_KEYS = ("gamma", "tau_accept", "tau_slim", "score", "confidence", "gate", "max_lag", "verify_lagged")
+
+
+def _point(policy: DecodePolicy, measured: dict, cfg: ThresholdConfig, **extra) -> dict:
+    point = {k: getattr(policy, k) for k in POLICY_KEYS}
+    point.update(extra, **measured)
+    point["violations"] = cfg.quality.violations(measured)
+    point["feasible"] = not point["violations"]
+    return point
+
+
+def tiers_off_points(dev: DevSet, cfg: ThresholdConfig, study) -> list[dict]:
+    """The SD point at every searched gamma (viasd with every tier off), measured once per study."""
+    if "tiers_off_points" in study.user_attrs:
+        return [{**p, "tau_accept": OFF, "tau_slim": OFF} for p in study.user_attrs["tiers_off_points"]]
+    points = []
+    for gamma in cfg.gamma:
+        policy = replace(dev.base, gamma=gamma, tau_accept=OFF, tau_slim=OFF, gate=0.0, max_lag=0)
+        start = time.perf_counter()
+        measured = dev.evaluate(policy)
+        measured["seconds"] = time.perf_counter() - start
+        points.append(_point(policy, measured, cfg, number=None, tiers_off=True))
+    study.set_user_attr("tiers_off_points", [{**p, "tau_accept": "inf", "tau_slim": "inf"} for p in points])
+    return points
+
+
 def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage: str, study_name: str, progress: bool = True) -> dict:
-    """Run (or continue) the study; returns the best feasible trial's parameters and measurements."""
+    """Run (or continue) the study; returns the best feasible candidate (trials and tiers-off points)."""
     import optuna
     from tqdm.auto import tqdm
 
@@ -92,37 +173,38 @@ def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage: str, study_name:
         dev.pass_cost = dict(study.user_attrs["pass_cost_s"])
     else:
         study.set_user_attr("pass_cost_s", dev.pass_cost or dev.measure_pass_cost())
+    sd_points = tiers_off_points(dev, cfg, study)
     complete = optuna.trial.TrialState.COMPLETE
     done = [t for t in study.trials if t.state == complete]
     bar = tqdm(total=cfg.n_trials, initial=len(done), desc="threshold search", disable=not progress, unit="trial")
     while len(done) < cfg.n_trials:
         study.sampler = optuna.samplers.TPESampler(seed=cfg.seed * 1_000_003 + len(done),
-                                                   n_startup_trials=max(4, cfg.n_trials // 4))
+                                                   n_startup_trials=max(4, cfg.n_trials // 4),
+                                                   constraints_func=lambda t: (t.user_attrs["constraint"],))
         trial = study.ask()
-        policy = replace(dev.base,
-                         gamma=trial.suggest_categorical("gamma", list(cfg.gamma)),
-                         tau_accept=trial.suggest_float("tau_accept", *cfg.tau_accept, log=True),
-                         tau_slim=trial.suggest_float("tau_slim", *cfg.tau_slim),
-                         score=trial.suggest_categorical("score", list(cfg.scores)),
-                         confidence=trial.suggest_categorical("confidence", list(cfg.confidences)))
+        policy = suggest_policy(trial, dev.base, cfg)
         start = time.perf_counter()
         measured = dev.evaluate(policy)
         measured["seconds"] = time.perf_counter() - start
-        for key, value in measured.items():
+        for key, value in _point(policy, measured, cfg).items():
             trial.set_user_attr(key, value)
-        trial.set_constraint("quality_drop", measured["quality_drop"] - cfg.max_quality_drop)  # <= 0: feasible
+        trial.set_user_attr("constraint", cfg.quality.slack(measured))  # <= 0: feasible
         done.append(study.tell(trial, measured["cost_per_token"]))  # without re-reading the storage
         bar.update(1)
     bar.close()
-    trials = [{"number": t.number, **t.params, **t.user_attrs} for t in done]
-    feasible = [t for t in trials if t["quality_drop"] <= cfg.max_quality_drop]
+    trials = [{"number": t.number, "tiers_off": False, **t.user_attrs} for t in done]
+    for t in trials:
+        t.pop("pass_cost_s", None)
+    candidates = sd_points + trials
+    feasible = [t for t in candidates if t["feasible"]]
     if not feasible:
-        best_drop = min(t["quality_drop"] for t in trials)
+        closest = min(candidates, key=lambda t: cfg.quality.slack(t))
         raise InfeasibleError(
-            f"no thresholds met the quality constraint: the smallest quality drop over {len(trials)} trials was "
-            f"{best_drop:.3f} > max_quality_drop {cfg.max_quality_drop}; raise thresholds.max_quality_drop, "
-            "widen the tau ranges or run more trials")
-    best = min(feasible, key=lambda t: (t["cost_per_token"], t["number"]))
-    sd = dev.evaluate(replace(dev.base, method="sd", gamma=best["gamma"]))  # the lossless baseline, same gamma
-    return {"best": best, "trials": trials, "pass_cost": dev.pass_cost, "sd": sd,
+            f"no thresholds met the quality constraints ({cfg.quality.describe()}), not even tiers off (plain SD): "
+            f"over {len(candidates)} candidates the closest missed by {closest['violations']}; relax "
+            "thresholds.quality or check the dev split")
+    # cheapest feasible; on a tie the tiers-off point (no slim pass, lossless) wins
+    best = min(feasible, key=lambda t: (t["cost_per_token"], not t["tiers_off"], t["number"] or 0))
+    sd = next(p for p in sd_points if p["gamma"] == best["gamma"]) if best["gamma"] in cfg.gamma else None
+    return {"best": best, "trials": candidates, "pass_cost": dev.pass_cost, "sd": sd,
             "ar_seconds_per_token": dev.ar_seconds_per_token}

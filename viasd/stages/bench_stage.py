@@ -19,7 +19,7 @@ from ..benchmark import (
 from ..config import Params
 from ..io import write_json, write_text
 from ..policy import DEFAULT_CACHE
-from .decode_stage import engine_options
+from .decode_stage import TUNED_KEYS, engine_options
 from .dimr_stage import mask_paths
 from .thresholds_stage import threshold_paths
 
@@ -84,7 +84,7 @@ def viasd_settings(params: Params, pair: str, task: str) -> dict:
         log.warning("no tuned thresholds at %s; viasd runs with default thresholds", path)
         return {}
     tuned = json.loads(path.read_text())
-    return {k: tuned[k] for k in ("gamma", "tau_accept", "tau_slim", "score", "confidence")}
+    return {k: tuned[k] for k in TUNED_KEYS if k in tuned}
 
 
 def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: list[str], prompts: int,

@@ -26,6 +26,9 @@ from .slims import (
 )
 from .thresholds_stage import threshold_paths
 
+# what a thresholds file sets of the viasd policy (the search's POLICY_KEYS)
+TUNED_KEYS = ("gamma", "tau_accept", "tau_slim", "score", "confidence", "gate", "max_lag", "verify_lagged")
+
 __all__ = ["StudyInputError", "decode_paths", "run_decode_stage", "run_inputs", "run_policy"]
 
 
@@ -63,16 +66,31 @@ def run_policy(params: Params, pair: str, task: str, run: str | RunSpec) -> Deco
     cascade = section.get("spec_cascade") or {}
     fields = {"method": spec.method, "gamma": section["gamma"], "gamma_slim": section.get("gamma_slim"),
               "rule": cascade.get("rule", "opt"), "alpha": cascade.get("alpha", 0.1),
-              "max_lag": section.get("max_lag", 0), "seed": params.seed, **engine_options(params),
+              "max_lag": section.get("max_lag", 0), "gate": section.get("gate", 0.0),
+              "verify_lagged": section.get("verify_lagged", True), "seed": params.seed, **engine_options(params),
               "max_new_tokens": params.tasks.get(task, {}).get("max_new_tokens", 128)}
     if spec.method == "viasd":
         tuned = read_json(run_inputs(params, pair, task, spec)["thresholds"], "the tuned thresholds")
-        fields.update({k: tuned[k] for k in ("gamma", "tau_accept", "tau_slim", "score", "confidence")})
+        fields.update({k: tuned[k] for k in TUNED_KEYS if k in tuned})
     if spec.ablation == "no_tier2":
         fields["tau_slim"] = math.inf
     if spec.gamma is not None:
         fields["gamma"] = spec.gamma
     return DecodePolicy(**fields)
+
+
+def score_rows(models, examples, rows: list[dict]) -> dict:
+    """Fidelity and the target's NLL of each row's output (one teacher-forced target pass per row, written
+    into the row), pooled over the rows by tokens."""
+    from ..metrics.model_metrics import pooled, teacher_forced
+
+    scores = []
+    for example, row in zip(examples, rows):
+        prompt = example.prompt_ids if example.prompt_ids is not None else models.encode(example.prompt)
+        score = teacher_forced(models.target, prompt, row["token_ids"], models.vocab_size)
+        row["fidelity"], row["target_nll"] = (score["fidelity"], score["nll"]) if score else (None, None)
+        scores.append(score)
+    return pooled(scores)
 
 
 def run_decode_stage(params: Params, pair_name: str, task: str, run: str, limit: int | None = None,
@@ -95,12 +113,14 @@ def run_decode_stage(params: Params, pair_name: str, task: str, run: str, limit:
         ar_stats = stats
     else:
         rows, stats, ar_stats = decode_against_ar(models, examples, policy, task_spec, progress)
+    target_scores = score_rows(models, examples, rows)
     summary = stats.as_dict()
     summary.update({
         "pair": pair.name, "task": task, "run": spec.name, "method": spec.method, "ablation": spec.ablation or "none",
         "split": split, "examples": len(rows), "ar_wall_time_s": ar_stats.wall_time_s,
         "ar_tokens_per_second": ar_stats.tokens_per_second,
         "speedup_vs_ar": (ar_stats.wall_time_s / stats.wall_time_s) if stats.wall_time_s else None,
+        "fidelity": target_scores["fidelity"], "target_nll": target_scores["nll"],
         "policy": {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
                    for k, v in asdict(policy).items() if k not in ("sampling", "eos_token_ids", "stop_strings")},
         "inputs": {k: str(v) for k, v in inputs.items()},

@@ -1,13 +1,15 @@
 """`viasd evaluate --pair P --task T --run R`: the task's quality metrics for one decode output.
 
 Output: reports/eval/<pair>/<task>/<run>.json — the decode summary (statistics, speedup vs ar)
-plus `quality` (the task's metrics) and `quality_drop` (1 - agreement with the target's greedy
-output).
+plus `quality`, the three measures of docs/quality.md: `fidelity` (and the target's `nll`), the
+task's metrics with the main one also scored on the `ar` output of the same prompts (`<metric>_ar`)
+and its drop in points (`task_drop`), and `agreement`.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from ..config import Params
 from .decode_stage import StudyInputError, decode_paths
@@ -20,7 +22,8 @@ def eval_path(params: Params, pair: str, task: str, run: str):
 def run_evaluate_stage(params: Params, pair_name: str, task: str, run: str) -> dict:
     from ..evaluation import task_quality
     from ..io import write_json
-    from ..models import load_models
+    from ..metrics.quality import main_metric, task_drop
+    from ..models import load_models, load_tokenizer
     from ..tasks import get_task, load_examples
 
     paths = decode_paths(params, pair_name, task, run)
@@ -40,8 +43,20 @@ def run_evaluate_stage(params: Params, pair_name: str, task: str, run: str) -> d
         pair = params.pair(pair_name)
         models = load_models(pair.target, device=params.device, dtype=pair.dtype,
                              trust_remote_code=pair.trust_remote_code)
-    quality = task_quality(spec, [examples[r["id"]] for r in rows], rows, models)
-    out = {**summary, "quality": quality,
-           "quality_drop": 1.0 - quality["agreement"] if quality.get("agreement") is not None else None}
+    chosen = [examples[r["id"]] for r in rows]
+    quality = task_quality(spec, chosen, rows, models)
+    scored = [(r["fidelity"], len(r["token_ids"])) for r in rows if r.get("fidelity") is not None]
+    quality["fidelity"] = sum(f * n for f, n in scored) / sum(n for _, n in scored) if scored else None
+    metric = main_metric(spec.metrics)
+    if metric is not None:
+        pair = params.pair(pair_name)
+        tokenizer = load_tokenizer(pair.target, pair.trust_remote_code)
+        ar_rows = [{"token_ids": r.get("ar_token_ids", r["token_ids"]),
+                    "text": tokenizer.decode(r.get("ar_token_ids", r["token_ids"]), skip_special_tokens=True)}
+                   for r in rows]
+        ar_value = task_quality(replace(spec, metrics=(metric,)), chosen, ar_rows).get(metric)
+        quality[f"{metric}_ar"] = ar_value
+        quality["task_drop"] = task_drop(metric, ar_value, quality.get(metric))
+    out = {**summary, "quality": quality, "task_metric": metric}
     write_json(eval_path(params, pair_name, task, run), out)
     return out

@@ -8,20 +8,24 @@ Outputs, one directory per pair and task (so a workflow declares one output), on
   models/thresholds/<pair>-<task>/<slim>.trace.jsonl   every trial
   reports/thresholds/<pair>-<task>/<slim>.png          the speed-quality trade-off, chosen point marked
   models/optuna/thresholds-<pair>-<task>-<slim>.db     the resumable Optuna study (outside the outputs)
-Nothing is written for a slim whose search meets no trial under the quality constraint.
+The tiers-off point (plain SD) is a candidate of every search: when it is the cheapest feasible one the
+file says `tiers_off: true` (tau_accept and tau_slim "inf") and the decode of that slim is SD.
+Nothing is written for a slim whose search meets no candidate under the quality constraints.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import asdict
 from pathlib import Path
 
 from ..config import Pair, Params
 from ..io import write_json, write_jsonl
 from ..search.plots import speed_quality
-from ..search.thresholds import DevSet, ThresholdConfig, tune_thresholds
+from ..metrics.quality import QualityConstraints
+from ..search.thresholds import POLICY_KEYS, DevSet, ThresholdConfig, tune_thresholds
 from ..tasks import get_task, load_examples
 from .dimr_stage import optuna_storage, study_name
 from .slims import load_run_models, mask_file, slim_description, slim_spec, slims_to_tune
@@ -34,7 +38,13 @@ NOT_SEARCHED = ("task", "dev_prompts", "per_slim")  # keys of the `thresholds` s
 def threshold_config(params: Params) -> ThresholdConfig:
     section = {k: tuple(v) if isinstance(v, list) else v for k, v in params.raw.get("thresholds", {}).items()
                if k not in NOT_SEARCHED}
+    section["quality"] = QualityConstraints.from_dict(section.get("quality"))
     return ThresholdConfig(seed=params.seed, **section)
+
+
+def _json_value(value):
+    """Off tiers (inf) as the string "inf", which `DecodePolicy` reads back as a float."""
+    return "inf" if isinstance(value, float) and math.isinf(value) else value
 
 
 def threshold_dirs(params: Params, task: str, pair: str | None = None) -> dict[str, Path]:
@@ -88,26 +98,29 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     models = load_run_models(params, pair, spec, mask_file(params, pair.name, spec))
     examples = load_examples(params.data.dir, task, "dev")[: section.get("dev_prompts")]
     max_new = params.tasks.get(task, {}).get("max_new_tokens", 128)
-    dev = DevSet(models, examples, max_new, get_task(task).stop_strings, pass_cost)
+    dev = DevSet(models, examples, max_new, get_task(task).stop_strings, pass_cost, task=get_task(task))
     log.info("tuning thresholds for %s on %s with slim %s", pair.name, task, slim)
     out = tune_thresholds(dev, cfg, optuna_storage(params, paths["storage"]),
                           study_name(f"thresholds-{pair.name}-{task}-{slim}", signature), progress)
     best = out["best"]
+    dev_keys = ("cost_per_token", "wall_per_token", "fidelity", "nll", "agreement", "task_metric", "task_score",
+                "task_score_ar", "task_drop", "rejection_rate", "acceptance_rate", "block_escalation_rate",
+                "gated_rate", "full_passes_per_token", "position_pass_rates", "passes_per_token", "speedup_model_vs_ar")
+    sd = out["sd"]
     result = {
-        "gamma": best["gamma"], "tau_accept": best["tau_accept"], "tau_slim": best["tau_slim"],
-        "score": best["score"], "confidence": best["confidence"], "task": task, "pair": pair.name, "slim": slim,
-        "mask": signature["mask"], "dev": {k: best.get(k) for k in ("cost_per_token", "wall_per_token", "agreement",
-                                                                "quality_drop", "rejection_rate", "acceptance_rate",
-                                                                "block_escalation_rate", "full_passes_per_token",
-                                                                "passes_per_token", "speedup_model_vs_ar")},
-        "sd_same_gamma": {k: out["sd"][k] for k in ("cost_per_token", "wall_per_token", "rejection_rate",
-                                                     "acceptance_rate")},
-        "cost_vs_sd": best["cost_per_token"] / out["sd"]["cost_per_token"],
-        "max_quality_drop": cfg.max_quality_drop, "trials": len(out["trials"]), "pass_cost_s": out["pass_cost"],
-        "ar_seconds_per_token": out["ar_seconds_per_token"], "signature": signature,
+        **{k: _json_value(best[k]) for k in POLICY_KEYS}, "tiers_off": best["tiers_off"],
+        "task": task, "pair": pair.name, "slim": slim, "mask": signature["mask"],
+        "dev": {k: best.get(k) for k in dev_keys},
+        "sd_same_gamma": {k: sd[k] for k in ("cost_per_token", "wall_per_token", "rejection_rate", "acceptance_rate")},
+        "cost_vs_sd": best["cost_per_token"] / sd["cost_per_token"],
+        "quality_constraints": asdict(cfg.quality), "trials": sum(1 for t in out["trials"] if not t["tiers_off"]),
+        "pass_cost_s": out["pass_cost"], "ar_seconds_per_token": out["ar_seconds_per_token"], "signature": signature,
     }
-    write_jsonl(paths["trace"], out["trials"])
-    speed_quality(out["trials"], best, cfg.max_quality_drop, paths["plot"],
+    if best["tiers_off"]:
+        log.info("thresholds %s: tiers off (plain SD at gamma %d) is the cheapest policy that meets %s",
+                 paths["json"], best["gamma"], cfg.quality.describe())
+    write_jsonl(paths["trace"], [{k: _json_value(v) for k, v in t.items()} for t in out["trials"]])
+    speed_quality(out["trials"], best, cfg.quality, paths["plot"],
                   f"VIA-SD thresholds, {pair.name} on {task} (dev), slim: {slim}")
     write_json(paths["json"], result)
     return result

@@ -7,6 +7,7 @@ rule report:
     output:
         summary=report(f"{REPORTS}/summary.md", category="Summary"),
         tables=expand(f"{REPORTS}/tables/{{pair}}-{{task}}{{kind}}.{{ext}}", pair=STUDY["pairs"], task=STUDY["tasks"], kind=["", "-slims"], ext=["md", "csv"]),
+        positions=expand(f"{REPORTS}/tables/{{pair}}-{{task}}-positions.md", pair=STUDY["pairs"], task=STUDY["tasks"]),
         frontier=report(
             expand(f"{REPORTS}/plots/{{pair}}-{{task}}-frontier.png", pair=STUDY["pairs"], task=STUDY["tasks"]),
             category="Speed vs quality",
