@@ -174,7 +174,12 @@ def test_thresholds_stage_and_infeasible_constraint(study, tmp_path):
     for slim, result in results.items():
         paths = threshold_paths(params, "stdlib_continuation", slim=slim)
         assert paths["json"].exists() and paths["plot"].exists() and paths["trace"].exists()
-        assert result["gamma"] in (2, 3, 4, 6) and result["dev"]["quality_drop"] <= 0.5
+        assert result["gamma"] in (2, 3, 4, 6) and result["dev"]["fidelity"] >= 0.5
+        assert result["dev"]["task_drop"] is None or result["dev"]["task_drop"] <= 50.0
+        if result["tiers_off"]:  # plain SD won: the file says so and decodes as SD
+            assert result["tau_accept"] == result["tau_slim"] == "inf" and result["cost_vs_sd"] == 1.0
+        else:
+            assert result["cost_vs_sd"] <= 1.0  # SD at every gamma was a candidate
         assert result["slim"] == slim and result["signature"]["slim"] == slim
         assert result["cost_vs_sd"] == pytest.approx(result["dev"]["cost_per_token"] / result["sd_same_gamma"]["cost_per_token"])
     masks = mask_paths(params)
@@ -194,8 +199,8 @@ def test_thresholds_stage_and_infeasible_constraint(study, tmp_path):
 
 def test_infeasible_constraint_names_it_and_writes_nothing(study, tmp_path):
     """Agreement is made impossible by scoring against a reference of an id no model can emit, so
-    no trial can be feasible; the error names the constraint, and the stage writes its outputs only
-    after a feasible result."""
+    no candidate, not even tiers off, can be feasible; the error names the constraint."""
+    from viasd.metrics.quality import QualityConstraints
     from viasd.search.thresholds import DevSet, ThresholdConfig, tune_thresholds
     from viasd.tasks import load_examples
 
@@ -205,9 +210,11 @@ def test_infeasible_constraint_names_it_and_writes_nothing(study, tmp_path):
                          masks=[mask_paths(params)["mask"]], device="cpu")
     dev = DevSet(models, load_examples(params.data.dir, "stdlib_continuation", "dev")[:2], 8)
     dev.reference = [[models.vocab_size] * len(ref) for ref in dev.reference]
-    cfg = ThresholdConfig(n_trials=3, max_quality_drop=0.5)
+    cfg = ThresholdConfig(n_trials=3, gamma=(2, 4), quality=QualityConstraints(min_fidelity=0.5, max_task_drop=None,
+                                                                               min_agreement=0.5))
     storage = tmp_path / "t.db"
-    with pytest.raises(InfeasibleError, match=r"smallest quality drop over 3 trials was .* > max_quality_drop 0.5"):
+    with pytest.raises(InfeasibleError, match=r"no thresholds met the quality constraints \(fidelity >= 0.5 and "
+                                              r"agreement >= 0.5\), not even tiers off .* over 5 candidates"):
         tune_thresholds(dev, cfg, f"sqlite:///{storage}", "t", progress=False)
 
 

@@ -179,6 +179,12 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     assert bench_paths(params, "smoke", "stdlib_continuation")["md"].read_text().startswith("# viasd bench")
 
     assert result["numerical_ties"] == []  # float32: the lossless methods make hf_ar's tokens exactly
+    # quality beside every speed figure: lossless methods are the target's greedy output, token for token
+    for name in ("hf_ar", "hf_assisted", "ar", "sd", "cascade_sd"):
+        q = result["methods"][name]["quality"]
+        assert q["fidelity"] == 1.0 and q["task_metric"] == "chrf" and q["task_drop"] == 0.0
+    assert 0 <= result["methods"]["viasd"]["quality"]["fidelity"] <= 1
+    assert {"viasd_vs_sd_model", "sd_vs_ar_model"} <= set(result["ratios_model"])
 
     # the GPU setting's dtype runs on the CPU too (same code path: cast weights, float32 logits)
     assert main(["bench", *base, "--prompts", "2", "--repeats", "1", "--max-new-tokens", "12", "--gamma", "3",
@@ -205,6 +211,13 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     position = json.loads(bench_paths(params, "smoke", "stdlib_continuation", "position", "static")["json"].read_text())
     assert set(position["last_vs_first"]) == {"hf_ar", "ar"} and position["cache"] == "static"
     assert all(p["ar"]["ms_per_token"] > 0 for p in position["points"])
+    assert main(["bench", *base, "--prompts", "1", "--repeats", "1", "--max-new-tokens", "8", "--sweep", "frontier"]) == 0
+    front = json.loads(bench_paths(params, "smoke", "stdlib_continuation", "frontier")["json"].read_text())
+    names = [p["name"] for p in front["points"]]
+    assert names[:2] == ["ar", "sd"] and sum(n.startswith("viasd ") for n in names) == 15
+    assert sum(n.startswith("spec_cascade ") for n in names) == 5
+    assert all(p["fidelity"] == 1.0 for p in front["points"] if p["method"] in ("ar", "sd"))
+    assert bench_paths(params, "smoke", "stdlib_continuation", "frontier")["png"].exists()
     capsys.readouterr()
     assert main(["bench", *base, "--sweep", "depth=1,2"]) == 2
     assert "unknown sweep 'depth'" in capsys.readouterr().err

@@ -175,8 +175,12 @@ def _runner(models: ModelSet, method: BenchMethod, max_new_tokens: int) -> Calla
 
 
 def run_benchmark(models: ModelSet, prompts: list[list[int]], methods: list[BenchMethod], max_new_tokens: int,
-                  repeats: int = 3, progress: bool = True) -> dict:
-    """Check outputs, then time every method; returns per-method figures, ratios and efficiencies."""
+                  repeats: int = 3, progress: bool = True, references: list[str] | None = None,
+                  metric: str | None = None) -> dict:
+    """Check outputs, then time every method; returns per-method figures, ratios and efficiencies.
+
+    Every method's row also carries its quality (`quality_of`): fidelity and the target's NLL of its
+    outputs, and with `references` and a task `metric`, that metric and its drop against `ar`/`hf_ar`."""
     from tqdm.auto import tqdm
 
     device = next(models.target.parameters()).device
@@ -216,6 +220,7 @@ def run_benchmark(models: ModelSet, prompts: list[list[int]], methods: list[Benc
             raise BenchError(f"{name} made {len(outs[short[0]])} tokens on prompt {short[0]}, not {max_new_tokens}: "
                              "the prompt plus max_new_tokens exceeds the model's context")
     ties = check_outputs(models, prompts, tokens)
+    quality = quality_of(models, prompts, tokens, references, metric)
     # timed rounds, alternating order
     seconds: dict[str, list[float]] = {m.name: [] for m in methods}
     n_tokens = max_new_tokens * len(prompts)
@@ -228,8 +233,37 @@ def run_benchmark(models: ModelSet, prompts: list[list[int]], methods: list[Benc
             _sync(device)
             seconds[method.name].append(time.perf_counter() - start)
     result = summarise(methods, seconds, n_tokens, stats, counts, memory)
+    for name, row in result["methods"].items():
+        row["quality"] = quality[name]
     result["numerical_ties"] = ties
     return result
+
+
+def quality_of(models: ModelSet, prompts: list[list[int]], tokens: dict[str, list[list[int]]],
+               references: list[str] | None = None, metric: str | None = None) -> dict[str, dict]:
+    """Per method: `fidelity` and `nll` of its outputs under the target (one teacher-forced pass per
+    output) and, with `references` and `metric`, the task metric of its texts and `task_drop` in points
+    against the reference method's (`ar`, else `hf_ar`): the quality beside every speed figure."""
+    from .metrics.model_metrics import pooled, teacher_forced
+    from .metrics.quality import task_drop
+
+    out: dict[str, dict] = {}
+    for name, outs in tokens.items():
+        scores = pooled([teacher_forced(models.target, p, o, models.vocab_size) for p, o in zip(prompts, outs)])
+        out[name] = {"fidelity": scores["fidelity"], "nll": scores["nll"]}
+        if references is not None and metric is not None and models.tokenizer is not None:
+            from .evaluation import task_quality
+            from .tasks.base import Example, TaskSpec
+
+            texts = [{"text": models.tokenizer.decode(o, skip_special_tokens=True), "token_ids": o} for o in outs]
+            examples = [Example(id=str(i), prompt="", reference=r) for i, r in enumerate(references)]
+            out[name]["task_metric"] = metric
+            out[name]["task_score"] = task_quality(TaskSpec("bench", (metric,)), examples, texts).get(metric)
+    base = next((n for n in ("ar", "hf_ar") if n in out), None)
+    for row in out.values():
+        if "task_score" in row and base is not None:
+            row["task_drop"] = task_drop(metric, out[base]["task_score"], row["task_score"])
+    return out
 
 
 def check_outputs(models: ModelSet, prompts: list[list[int]], tokens: dict[str, list[list[int]]]) -> list[dict]:
@@ -359,6 +393,12 @@ def summarise(methods, seconds, n_tokens, stats, counts, memory) -> dict:
               "hf_assisted_vs_hf_ar": ratio(best_hf_assisted, "hf_ar") if best_hf_assisted else None}
     efficiency = {}
     ar = stats.get("ar")
+    # the cost model's ratios beside the measured ones: model time sum_m P_m c_m of each method (its own
+    # pass counts at its own measured per-pass costs), e.g. viasd_vs_sd_model = T_sd / T_viasd
+    model_time = {n: sum(st.time_s.values()) / max(st.new_tokens, 1) for n, st in stats.items()}
+    ratios_model = {f"{a}_vs_{b}_model": model_time[b] / model_time[a]
+                    for a, b in (("viasd", "sd"), ("viasd", "spec_cascade"), ("sd", "ar"), ("viasd", "ar"))
+                    if a in model_time and b in model_time and model_time[a]}
     if ar is not None and ar.passes.get("target") and "ar" in med:
         step = ar.time_s["target"] / ar.passes["target"]
         for name in ("sd", "cascade_sd", "spec_cascade", "viasd"):
@@ -371,7 +411,7 @@ def summarise(methods, seconds, n_tokens, stats, counts, memory) -> dict:
                     entry["ideal_speedup_closed_form"] = _closed_form(stats[name], step)
                 efficiency[name] = entry
     return {"methods": per, "ratios": {k: v for k, v in ratios.items() if v is not None}, "efficiency": efficiency,
-            "best_hf_assisted": best_hf_assisted}
+            "ratios_model": ratios_model, "best_hf_assisted": best_hf_assisted}
 
 
 def _closed_form(s: DecodeStats, step: float) -> float | None:
@@ -386,8 +426,9 @@ def _closed_form(s: DecodeStats, step: float) -> float | None:
 
 
 def markdown(result: dict, title: str) -> str:
-    lines = [f"# {title}\n", "| method | tokens/s (median) | min–max | acceptance | mean acc. length | "
-             "target passes/token | slim passes/token | draft passes/token | peak MB |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"# {title}\n", "| method | tokens/s (median) | min–max | fidelity | task metric | task drop | "
+             "acceptance | mean acc. length | target passes/token | slim passes/token | draft passes/token | peak MB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(x, p=3):
         return "–" if x is None else f"{x:.{p}f}"
@@ -395,13 +436,16 @@ def markdown(result: dict, title: str) -> str:
     for name, row in result["methods"].items():
         tps = row["tokens_per_second"]
         fp = row["forward_passes_per_token"]
+        q = row.get("quality") or {}
         lines.append(f"| {name} | {f(tps['median'], 1)} | {f(tps['min'], 1)}–{f(tps['max'], 1)} | "
+                     f"{f(q.get('fidelity'))} | {f(q.get('task_score'), 2)} | {f(q.get('task_drop'), 2)} | "
                      f"{f(row['acceptance_rate'])} | {f(row['mean_accepted_length'])} | {f(fp.get('target'))} | "
                      f"{f(fp.get('slim'))} | {f(fp.get('draft'))} | {f(row['peak_memory_mb'], 0)} |")
     for tie in result.get("numerical_ties", []):
         lines.append(f"\n{tie['method']} parts from {tie['reference']} on prompt {tie['prompt']} at position "
                      f"{tie['position']}: a numerical tie (logit gap {tie['logit_gap']:.3g}, noise {tie['noise']:.3g})")
     lines += ["", "| ratio | value |", "|---|---|"] + [f"| {k} | {v:.3f} |" for k, v in result["ratios"].items()]
+    lines += [f"| {k} (cost model) | {v:.3f} |" for k, v in result.get("ratios_model", {}).items()]
     lines += ["", "| method | measured speedup vs ar | ideal | efficiency |", "|---|---|---|---|"]
     lines += [f"| {k} | {f(v['measured_speedup'])} | {f(v['ideal_speedup'])} | {f(v['efficiency'])} |"
               for k, v in result["efficiency"].items()]

@@ -29,7 +29,9 @@ def _add_bench(sub) -> None:
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile our methods' models (default: decode.compile); compiled in the warm-up round")
     p.add_argument("--sweep", metavar="KIND=V1,V2,...",
-                   help="scaling run instead: gamma=1,2,4,8 | length=64,128,256,512 | prompt=32,128,384")
+                   help="scaling run instead: gamma=1,2,4,8 | length=64,128,256,512 | prompt=32,128,384 | "
+                        "position=100,500,1000; or `frontier`: tokens/s vs fidelity and the task metric for ar, sd, "
+                        "viasd over its tier thresholds and spec_cascade over its lenience")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
 
@@ -47,6 +49,14 @@ def _bench(args) -> int:
     chosen = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
     pair = params.pair(args.pair)
     engine = {"cache": args.cache, "compile": args.compile}  # None: decode.cache / decode.compile
+    if args.sweep == "frontier":
+        out = run_sweep(params, pair.name, args.task, "frontier", [], args.prompts, args.max_new_tokens, args.repeats,
+                        args.gamma, args.device, args.dtype, engine=engine)
+        for point in out["points"]:
+            print(json.dumps({k: point.get(k) for k in ("name", "tokens_per_second", "fidelity", "task_score",
+                                                        "task_drop")}))
+        print(out["files"]["json"])
+        return 0
     if args.sweep:
         kind, _, values = args.sweep.partition("=")
         try:
@@ -68,6 +78,8 @@ def _bench(args) -> int:
         tps = row["tokens_per_second"]
         print(f"{name:18s} {tps['median']:8.1f} tok/s  (min {tps['min']:.1f}, max {tps['max']:.1f})  "
               f"acceptance {row['acceptance_rate'] if row['acceptance_rate'] is None else round(row['acceptance_rate'], 3)}")
+    print(json.dumps({"quality": {k: v["quality"] for k, v in result["methods"].items()},
+                      "ratios_model": result["ratios_model"]}))
     print(json.dumps({"ratios": result["ratios"],
                       "efficiency": {k: v["efficiency"] for k, v in result["efficiency"].items()}}))
     for tie in result["numerical_ties"]:
@@ -79,6 +91,8 @@ def _bench(args) -> int:
            {f"ratio.{k}": v for k, v in result["ratios"].items()}
            | {f"tokens_per_second.{k}": v["tokens_per_second"]["median"] for k, v in result["methods"].items()}
            | {f"efficiency.{k}": v["efficiency"] for k, v in result["efficiency"].items()}
+           | {f"fidelity.{k}": v["quality"]["fidelity"] for k, v in result["methods"].items()}
+           | {f"task_drop.{k}": v["quality"].get("task_drop") for k, v in result["methods"].items()}
            | {"numerical_ties": len(result["numerical_ties"])},
            {"task": args.task}, [paths["json"], paths["md"]])
     print(paths["json"])

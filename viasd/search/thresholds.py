@@ -179,8 +179,7 @@ def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage: str, study_name:
     bar = tqdm(total=cfg.n_trials, initial=len(done), desc="threshold search", disable=not progress, unit="trial")
     while len(done) < cfg.n_trials:
         study.sampler = optuna.samplers.TPESampler(seed=cfg.seed * 1_000_003 + len(done),
-                                                   n_startup_trials=max(4, cfg.n_trials // 4),
-                                                   constraints_func=lambda t: (t.user_attrs["constraint"],))
+                                                   n_startup_trials=max(4, cfg.n_trials // 4))
         trial = study.ask()
         policy = suggest_policy(trial, dev.base, cfg)
         start = time.perf_counter()
@@ -188,7 +187,7 @@ def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage: str, study_name:
         measured["seconds"] = time.perf_counter() - start
         for key, value in _point(policy, measured, cfg).items():
             trial.set_user_attr(key, value)
-        trial.set_user_attr("constraint", cfg.quality.slack(measured))  # <= 0: feasible
+        trial.set_constraint("quality", cfg.quality.slack(measured))  # <= 0: feasible (TPE samples around it)
         done.append(study.tell(trial, measured["cost_per_token"]))  # without re-reading the storage
         bar.update(1)
     bar.close()

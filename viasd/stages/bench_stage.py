@@ -24,7 +24,11 @@ from .dimr_stage import mask_paths
 from .thresholds_stage import threshold_paths
 
 log = logging.getLogger(__name__)
-SWEEPS = ("gamma", "length", "prompt", "position")
+SWEEPS = ("gamma", "length", "prompt", "position", "frontier")
+# the speed-quality frontier (`--sweep frontier`): the tier thresholds of viasd and spec_cascade's lenience
+FRONTIER_TAU_ACCEPT = {"ratio": (0.5, 1.0, 1.5, 2.0, 3.0), "prob": (0.3, 0.5, 0.7, 0.9)}
+FRONTIER_TAU_SLIM = (0.6, 0.9, float("inf"))
+FRONTIER_ALPHA = (0.05, 0.1, 0.2, 0.3, 0.5)
 SWEEP_METHODS = ["hf_ar", "ar", "sd", "viasd"]
 
 
@@ -77,6 +81,18 @@ def bench_prompts(params: Params, models, task: str, n: int, length: int | None 
     return [files[i % len(files)][:length] for i in range(n)]
 
 
+def task_references(params: Params, task: str, n: int, max_new: int) -> tuple[list[str] | None, str | None]:
+    """The references of the first `n` test prompts and the task's main metric, for quality beside speed
+    (None when the task has no text metric)."""
+    from ..metrics.quality import main_metric
+    from ..tasks import get_task, load_examples
+
+    metric = main_metric(get_task(task).metrics)
+    if metric is None or metric == "pass_at_1":  # pass@1 needs the task's tests and stop rules: see the study
+        return None, None
+    return [e.reference for e in load_examples(params.data.dir, task, "test")[:n]], metric
+
+
 def viasd_settings(params: Params, pair: str, task: str) -> dict:
     """The tuned VIA-SD thresholds of the pair and task when they exist, else the policy defaults."""
     path = threshold_paths(params, task, pair, "main")["json"]
@@ -96,7 +112,9 @@ def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: l
     max_new = max_new_tokens or params.tasks.get(task, {}).get("max_new_tokens", 128)
     cascade = params.raw["decode"].get("spec_cascade") or {}
     table = method_table(models, methods, gamma, max_new, viasd_settings(params, pair.name, task), cascade, engine)
-    result = run_benchmark(models, bench_prompts(params, models, task, prompts), table, max_new, repeats, progress)
+    references, metric = task_references(params, task, prompts, max_new)
+    result = run_benchmark(models, bench_prompts(params, models, task, prompts), table, max_new, repeats, progress,
+                           references, metric)
     weight = next(models.target.parameters())
     result.update({"pair": pair.name, "task": task, "prompts": prompts, "max_new_tokens": max_new, "gamma": gamma,
                    "repeats": repeats, **engine, "device": str(weight.device), "dtype": str(weight.dtype), "slim_layers": (
@@ -116,6 +134,8 @@ def run_sweep(params: Params, pair_name: str | None, task: str, kind: str, value
     if kind not in SWEEPS:
         raise BenchError(f"unknown sweep {kind!r}; choose from {', '.join(SWEEPS)}")
     pair, models = load_bench_models(params, pair_name, device, dtype)
+    if kind == "frontier":
+        return run_frontier(params, pair.name, models, task, prompts, max_new_tokens, repeats, gamma, progress, engine)
     engine = engine_options(params, engine)
     default = ["hf_ar", "ar"] if kind == "position" else SWEEP_METHODS
     methods = [m for m in (methods or default) if m not in ("cascade_sd", "viasd") or models.slims]
@@ -191,5 +211,100 @@ def _sweep_plot(out: dict, path) -> None:
         ax.grid(alpha=0.3)
     speed.legend(fontsize=8)
     fig.suptitle(f"{out['pair']} on {out['task']}: cost vs {kind}", fontsize=10)
+    _save(fig, path)
+    plt.close(fig)
+
+
+def frontier_table(models, viasd: dict, gamma: int, max_new: int, cascade: dict, engine: dict) -> list:
+    """`ar`, `sd`, and a grid of `viasd` tier thresholds (the tuned rules, or the defaults when the tuned
+    policy is tiers off) and of `spec_cascade` lenience, each a named benchmark method."""
+    from dataclasses import replace
+
+    from ..benchmark import BenchMethod
+    from ..search.thresholds import PROBABILITY_SCORES
+
+    base = method_table(models, ["ar", "sd", "viasd", "spec_cascade"], gamma, max_new, None, cascade, engine)
+    by_name = {m.name: m for m in base}
+    tuned = {k: v for k, v in viasd.items() if k not in ("tau_accept", "tau_slim")}
+    if str(viasd.get("tau_accept")) == "inf" and str(viasd.get("tau_slim")) == "inf":  # tuned to SD: default rules
+        tuned = {"gamma": viasd.get("gamma", gamma)}
+    policy = replace(by_name["viasd"].policy, **tuned)
+    grid = FRONTIER_TAU_ACCEPT["prob" if policy.score in PROBABILITY_SCORES else "ratio"]
+    table = [by_name["ar"], by_name["sd"]]
+    table += [BenchMethod(f"viasd ta={ta:g} ts={ts:g}", replace(policy, tau_accept=ta, tau_slim=ts))
+              for ta in grid for ts in FRONTIER_TAU_SLIM]
+    table += [BenchMethod(f"spec_cascade a={a:g}", replace(by_name["spec_cascade"].policy, alpha=a))
+              for a in FRONTIER_ALPHA]
+    return table
+
+
+def run_frontier(params: Params, pair: str, models, task: str, prompts: int, max_new_tokens: int | None,
+                 repeats: int, gamma: int | None, progress: bool, engine: dict) -> dict:
+    """Tokens/s against fidelity and against the task metric for `ar`, `sd`, `viasd` over its tier
+    thresholds and `spec_cascade` over its lenience, all timed side by side in one benchmark run."""
+    engine = engine_options(params, engine)
+    gamma = gamma or params.raw["decode"]["gamma"]
+    max_new = max_new_tokens or params.tasks.get(task, {}).get("max_new_tokens", 128)
+    cascade = params.raw["decode"].get("spec_cascade") or {}
+    table = frontier_table(models, viasd_settings(params, pair, task), gamma, max_new, cascade, engine)
+    references, metric = task_references(params, task, prompts, max_new)
+    res = run_benchmark(models, bench_prompts(params, models, task, prompts), table, max_new, repeats, progress,
+                        references, metric)
+    points = []
+    for m in table:
+        row = res["methods"][m.name]
+        policy = m.policy
+        points.append({"name": m.name, "method": policy.method, "tokens_per_second": row["tokens_per_second"]["median"],
+                       **row["quality"], "acceptance_rate": row["acceptance_rate"],
+                       "forward_passes_per_token": row["forward_passes_per_token"],
+                       **({"tau_accept": policy.tau_accept, "tau_slim": policy.tau_slim, "score": policy.score,
+                           "confidence": policy.confidence, "gamma": policy.gamma} if policy.method == "viasd" else {}),
+                       **({"alpha": policy.alpha, "rule": policy.rule} if policy.method == "spec_cascade" else {})})
+    out = {"pair": pair, "task": task, "sweep": "frontier", **engine, **run_setting(models), "prompts": prompts,
+           "max_new_tokens": max_new, "gamma": gamma, "repeats": repeats, "task_metric": metric, "points": points,
+           "numerical_ties": res["numerical_ties"]}
+    paths = bench_paths(params, pair, task, "frontier", **engine, **run_setting(models))
+    lines = [f"# {pair} on {task}: speed-quality frontier ({prompts} prompts x {max_new} tokens, {repeats} rounds)\n",
+             f"| run | tokens/s | vs sd | fidelity | NLL | {metric or 'task metric'} | drop vs ar (points) | "
+             "target passes/token |", "|---|---|---|---|---|---|---|---|"]
+    sd_rate = next(p["tokens_per_second"] for p in points if p["name"] == "sd")
+
+    def f(x, d=3):
+        return "–" if x is None else f"{x:.{d}f}"
+
+    for p in points:
+        lines.append(f"| {p['name']} | {p['tokens_per_second']:.1f} | {p['tokens_per_second'] / sd_rate:.3f} | "
+                     f"{f(p.get('fidelity'))} | {f(p.get('nll'))} | {f(p.get('task_score'), 2)} | "
+                     f"{f(p.get('task_drop'), 2)} | {f(p['forward_passes_per_token'].get('target'))} |")
+    write_text(paths["md"], "\n".join(lines) + "\n")
+    _frontier_plot(out, paths["png"])
+    write_json(paths["json"], out)
+    return {**out, "files": paths}
+
+
+def _frontier_plot(out: dict, path) -> None:
+    from ..search.plots import _pyplot, _save
+
+    plt = _pyplot()
+    measures = [("fidelity", "fidelity (share of tokens = target's greedy choice)")]
+    if out["task_metric"]:
+        measures.append(("task_score", f"{out['task_metric']} against the reference"))
+    fig, axes = plt.subplots(1, len(measures), figsize=(6 * len(measures), 4.5), squeeze=False)
+    colours = {"ar": "black", "sd": "tab:green", "viasd": "tab:blue", "spec_cascade": "tab:orange"}
+    for ax, (key, label) in zip(axes[0], measures):
+        for method, colour in colours.items():
+            pts = sorted((p[key], p["tokens_per_second"], p["name"]) for p in out["points"]
+                         if p["method"] == method and p.get(key) is not None)
+            if not pts:
+                continue
+            ax.scatter([x for x, _, _ in pts], [y for _, y, _ in pts], color=colour, s=24, label=method, zorder=3)
+            for x, y, name in pts:
+                if method in ("viasd", "spec_cascade"):
+                    ax.annotate(name.split(" ", 1)[1], (x, y), textcoords="offset points", xytext=(3, 2), fontsize=6)
+        ax.set_xlabel(label)
+        ax.set_ylabel("tokens/s (median)")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"{out['pair']} on {out['task']}: speed vs quality, side by side", fontsize=10)
     _save(fig, path)
     plt.close(fig)

@@ -1,0 +1,47 @@
+"""Quality three ways: fidelity counts a lossy token once; task drop in points; the constraints."""
+
+import pytest
+
+from conftest import PROMPTS
+from viasd import DecodePolicy
+from viasd.metrics.model_metrics import agreement, pooled, teacher_forced
+from viasd.metrics.quality import QualityConstraints, main_metric, points, task_drop
+
+
+def test_fidelity_counts_a_lossy_token_once(model_sets, tokenizer):
+    models = model_sets("llama")
+    ids = tokenizer(PROMPTS[0])["input_ids"]
+    ar = models.generate(ids, DecodePolicy(method="ar", max_new_tokens=30, eos_token_ids=())).token_ids
+    exact = teacher_forced(models.target, ids, ar, models.vocab_size)
+    assert exact["fidelity"] == 1.0 and exact["tokens"] == 30 and exact["nll"] > 0
+    # one wrong token at position 3, then the target's greedy continuation of *that* prefix
+    wrong = (ar[3] + 1) % models.vocab_size
+    rest = models.generate(ids + ar[:3] + [wrong], DecodePolicy(method="ar", max_new_tokens=26, eos_token_ids=()))
+    lossy = ar[:3] + [wrong] + rest.token_ids
+    scored = teacher_forced(models.target, ids, lossy, models.vocab_size)
+    assert scored["fidelity"] == pytest.approx(29 / 30)  # one token in 30
+    assert agreement(lossy, ar) < scored["fidelity"]  # positional agreement charges the whole tail
+    assert teacher_forced(models.target, ids, [], models.vocab_size) is None
+    both = pooled([exact, scored, None])
+    assert both["tokens"] == 60 and both["fidelity"] == pytest.approx(59 / 60)
+
+
+def test_task_drop_in_points():
+    assert main_metric(("agreement", "nll", "chrf", "bleu")) == "chrf"
+    assert main_metric(("agreement", "nll", "pass_at_1", "chrf")) == "pass_at_1"
+    assert main_metric(("agreement",)) is None
+    assert points("chrf", 41.5) == 41.5 and points("pass_at_1", 0.25) == 25.0
+    assert task_drop("chrf", 40.0, 38.5) == pytest.approx(1.5)
+    assert task_drop("pass_at_1", 0.30, 0.32) == pytest.approx(-2.0)  # better than ar
+    assert task_drop("chrf", None, 3.0) is None
+
+
+def test_constraints():
+    c = QualityConstraints()  # fidelity >= 0.95, task drop <= 1 point
+    assert c.violations({"fidelity": 0.97, "task_drop": 0.4, "agreement": 0.2}) == {}
+    assert c.violations({"fidelity": 0.90, "task_drop": 2.5}) == pytest.approx({"fidelity": 0.05, "task_drop": 1.5})
+    assert c.slack({"fidelity": 0.97, "task_drop": 0.0}) < 0 < c.slack({"fidelity": 0.94, "task_drop": 0.0})
+    strict = QualityConstraints(min_fidelity=None, max_task_drop=None, min_agreement=0.9)
+    assert strict.violations({"fidelity": 0.1, "agreement": 0.85}) == pytest.approx({"agreement": 0.05})
+    assert strict.describe() == "agreement >= 0.9"
+    assert QualityConstraints.from_dict(None) == c
