@@ -80,13 +80,31 @@ class DecodeSession:
                                policy.exact_timing)
 
         kind = policy.cache
-        self.target = runner("target", target, lambda: model_cache(target, kind, capacity))
         self.draft = runner("draft", draft, lambda: model_cache(draft, kind, capacity)) if draft is not None else None
-        self.slims = [
-            runner("slim" if len(slims) == 1 else f"slim{k}", s.model, (lambda s=s: s.new_cache(kind, capacity)))
-            for k, s in enumerate(slims)
-        ]
-        self.runners = [r for r in (self.draft, *self.slims, self.target) if r is not None]
+        split = self._shared_prefix(policy, slims)
+        self.trunk = None
+        if split is not None:  # slim and full model share layers 0..k-1: one trunk pass per position (reuse)
+            from .reuse import RestRunner, TrunkRunner
+
+            weight = next(target.parameters())
+            self.trunk = TrunkRunner(compiled(split.trunk) if policy.compile else split.trunk,
+                                     lambda: split.new_cache("trunk", kind, capacity), capacity,
+                                     target.get_input_embeddings().weight.shape[-1], weight.dtype, vocab_size,
+                                     policy.exact_timing)
+            self.trunk.layers = split.k
+            self.target = RestRunner("target", compiled(split.target_rest) if policy.compile else split.target_rest,
+                                     self.trunk, lambda: split.new_cache("target", kind, capacity), vocab_size,
+                                     policy.exact_timing)
+            self.slims = [RestRunner("slim", compiled(split.slim_rest) if policy.compile else split.slim_rest,
+                                     self.trunk, lambda: split.new_cache("slim", kind, capacity), vocab_size,
+                                     policy.exact_timing)]
+        else:
+            self.target = runner("target", target, lambda: model_cache(target, kind, capacity))
+            self.slims = [
+                runner("slim" if len(slims) == 1 else f"slim{k}", s.model, (lambda s=s: s.new_cache(kind, capacity)))
+                for k, s in enumerate(slims)
+            ]
+        self.runners = [r for r in (self.draft, self.trunk, *self.slims, self.target) if r is not None]
         if policy.method == "viasd" and slims:
             # per slim level, resolved once: (tau_accept, tau_slim) and the tier counters
             self.tier_thresholds = list(zip(*policy.levels(len(slims))))
@@ -95,6 +113,15 @@ class DecodeSession:
             self.stats.regen_by_level = [0] * len(slims)
         for r in self.runners:
             r.start()
+
+    @staticmethod
+    def _shared_prefix(policy: DecodePolicy, slims):
+        """The slim/full split when `policy.reuse` applies: viasd, one routed slim that keeps layer 0 and
+        a layout whose forward splits exactly (`reuse.SharedPrefix`); else None."""
+        if not (policy.reuse and policy.method == "viasd" and not policy.tiers_off and len(slims) == 1
+                and isinstance(slims[0], SlimVerifier)):
+            return None
+        return slims[0].shared_prefix()
 
     @property
     def remaining(self) -> int:
@@ -153,6 +180,7 @@ class DecodeSession:
             stats.passes[r.name] = r.passes
             stats.tokens_processed[r.name] = r.tokens
             stats.time_s[r.name] = r.seconds
+            stats.layer_tokens[r.name] = r.layers * r.tokens
         return DecodeResult(list(self.generated), stats)
 
 

@@ -57,6 +57,7 @@ class DecodePolicy:
     max_lag: int = 0
     gate: float = 0.0
     verify_lagged: bool = True
+    reuse: bool = True
     rule: str = "opt"
     alpha: float = 0.1
     gamma_slim: int | None = None
@@ -89,6 +90,8 @@ class DecodePolicy:
             raise PolicyError(f"max_lag must be >= 0 (0 = never force a catch-up), got {self.max_lag}")
         if not 0 <= self.gate <= 1:
             raise PolicyError(f"gate must be a probability in [0, 1] (0 = off), got {self.gate}")
+        if not isinstance(self.reuse, bool):
+            raise PolicyError(f"reuse must be true or false, got {self.reuse!r}")
         if not isinstance(self.verify_lagged, bool):
             raise PolicyError(f"verify_lagged must be true or false, got {self.verify_lagged!r}")
         for name in ("tau_accept", "tau_slim"):  # "inf" (as JSON writes an off tier) reads as a float

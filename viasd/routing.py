@@ -157,6 +157,46 @@ def _routed_config(config, keep: tuple[int, ...]):
     return routed
 
 
+def routed_view(target: nn.Module, keep, config=None, base: bool = False, final_norm: bool = True) -> nn.Module:
+    """A view of `target` (no weight copied, the target untouched) that runs the decoder layers `keep`
+    (original indices, in order; each keeps its `layer_idx` and so its KV-cache slot).
+
+    `base=True` returns the view of the decoder body (the module holding the layer stack, e.g.
+    `LlamaModel`: hidden states out, no LM head); `final_norm=False` replaces the body's final norm by
+    an identity in the view, so the output is the residual stream after the last kept layer.
+    Raises UnsupportedArchitectureError when the final norm cannot be found by name.
+    """
+    path = find_layer_stack(target)
+    config = config if config is not None else _routed_config(decoder_config(target), tuple(keep))
+    root = _view_of(target)
+    parent = root
+    for name in path[:-1]:
+        child = _view_of(parent._modules[name])
+        parent._modules[name] = child
+        parent = child
+    stack = parent._modules[path[-1]]
+    parent._modules[path[-1]] = nn.ModuleList([stack[i] for i in keep])
+    if not final_norm:
+        name = next((n for n in FINAL_NORMS if n in parent._modules), None)
+        if name is None:
+            raise UnsupportedArchitectureError(
+                f"{type(target).__name__}: no final norm named {' / '.join(FINAL_NORMS)} beside the layer stack")
+        parent._modules[name] = nn.Identity()
+    # Modules on the path whose config describes the stack read the routed copy instead.
+    text_config = decoder_config(target)
+    node = root
+    for name in (None, *path[:-1]):
+        node = node if name is None else node._modules[name]
+        if getattr(node, "config", None) is text_config:
+            node.__dict__["config"] = config
+    return parent if base else root
+
+
+# names of the final norm applied after the decoder layer stack (Llama/Mistral/Qwen/Gemma: norm; Phi:
+# final_layernorm; GPT-2: ln_f; OPT / GPT-NeoX: final_layer_norm)
+FINAL_NORMS = ("norm", "final_layernorm", "ln_f", "final_layer_norm")
+
+
 class SlimVerifier:
     """The target routed through `mask`: `.model` is a causal LM module sharing the target's weights.
 
@@ -170,24 +210,9 @@ class SlimVerifier:
             raise MaskError(f"the mask was made for {mask.num_layers} decoder layers but the target has {n}")
         self.mask = mask
         self.target = target
-        path = find_layer_stack(target)
         self.config = _routed_config(decoder_config(target), mask.keep_layers)
-        root = _view_of(target)
-        parent = root
-        for name in path[:-1]:
-            child = _view_of(parent._modules[name])
-            parent._modules[name] = child
-            parent = child
-        stack = parent._modules[path[-1]]
-        parent._modules[path[-1]] = nn.ModuleList([stack[i] for i in mask.keep_layers])
-        # Modules on the path whose config describes the stack read the routed copy instead.
-        text_config = decoder_config(target)
-        node = root
-        for name in (None, *path[:-1]):
-            node = node if name is None else node._modules[name]
-            if getattr(node, "config", None) is text_config:
-                node.__dict__["config"] = self.config
-        self.model = root
+        self.model = routed_view(target, mask.keep_layers, self.config)
+        self._shared_prefix = None
 
     def __call__(self, input_ids, cache=None, **kwargs):
         """Forward through the kept layers: `input_ids` `[B, T]` -> output with `.logits` `[B, T, V]`.
@@ -207,6 +232,15 @@ class SlimVerifier:
         keep = set(self.mask.keep_layers)
         cache.layers = [layer if i in keep else DummyLayer() for i, layer in enumerate(cache.layers)]
         return cache
+
+    def shared_prefix(self):
+        """The `reuse.SharedPrefix` of this view (built once), or None where the layout cannot split
+        its forward (the reason is logged once)."""
+        if self._shared_prefix is None:
+            from .reuse import SharedPrefix
+
+            self._shared_prefix = SharedPrefix.build(self.target, self.mask) or False
+        return self._shared_prefix or None
 
     @property
     def name(self) -> str:

@@ -34,6 +34,8 @@ class ModelRunner:
         self.tokens = 0
         self.seconds = 0.0
         self._trim = False
+        config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+        self.layers = getattr(config, "num_hidden_layers", 0) or 0  # decoder layers one pass runs
 
     def start(self) -> None:
         """A fresh, empty cache (sliding-window layers record the past so that rollback is exact)."""
@@ -49,13 +51,13 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, upto: int, n_logits: int) -> torch.Tensor:
         """Feed `ids[0, cached:upto]` (`ids`: LongTensor `[1, capacity]`); return float32 logits `[n_logits, V]`."""
-        new = ids[:, self.cached : upto]
-        count = new.shape[1]
+        count = upto - self.cached
         assert 0 < n_logits <= count, (self.name, self.cached, upto, n_logits)
+        inputs = self._inputs(ids, upto)
         if self._sync:
             torch.cuda.synchronize(self.device)
         start = time.perf_counter()
-        out = self.model(input_ids=new, cache=self.cache, use_cache=True, logits_to_keep=n_logits)
+        out = self.model(**inputs, cache=self.cache, use_cache=True, logits_to_keep=n_logits)
         logits = out.logits[0, -n_logits:, : self.vocab_size].float()
         if self._sync:
             torch.cuda.synchronize(self.device)
@@ -65,6 +67,10 @@ class ModelRunner:
         self.passes += 1
         self.tokens += count
         return logits
+
+    def _inputs(self, ids: torch.Tensor, upto: int) -> dict:
+        """What the model is fed for positions `cached..upto-1`: their token ids."""
+        return {"input_ids": ids[:, self.cached : upto]}
 
     def rollback(self, n: int) -> None:
         """Keep the first `n` cached positions (nothing to drop when `n >= cached`).

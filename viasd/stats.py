@@ -68,6 +68,9 @@ class DecodeStats:
     passes: dict[str, int] = field(default_factory=dict)
     tokens_processed: dict[str, int] = field(default_factory=dict)
     time_s: dict[str, float] = field(default_factory=dict)
+    # decoder layers x tokens each runner computed; with reuse (viasd) the shared layers 0..k-1 are the
+    # `trunk`'s, computed once per position, and `slim` / `target` count only their layers after it
+    layer_tokens: dict[str, int] = field(default_factory=dict)
     wall_time_s: float = 0.0
 
     def grow_positions(self, g: int) -> None:

@@ -48,6 +48,12 @@ def _add_generate(sub) -> None:
     p.add_argument("--score", default="ratio", choices=sorted(SCORES))
     p.add_argument("--confidence", default="max_prob", choices=sorted(CONFIDENCES))
     p.add_argument("--max-lag", type=int, default=0, help="force a full-model catch-up above this lag (0 = never)")
+    p.add_argument("--gate", type=float, default=0.0,
+                   help="viasd tier 0: a block whose draft gives one of its tokens p < GATE goes straight to the full "
+                        "model (0 = off)")
+    p.add_argument("--verify-lagged", action=argparse.BooleanOptionalAction, default=True,
+                   help="viasd: full-model passes also check the lagged tokens they are fed and roll back at the "
+                        "first rejection (default: on)")
     p.add_argument("--cache", default=DEFAULT_CACHE, choices=CACHE_KINDS,
                    help="KV cache kind: inplace (default), dynamic (transformers' DynamicCache), static (StaticCache)")
     p.add_argument("--compile", action="store_true", help="run the models through torch.compile (pays off over long runs)")
@@ -93,6 +99,7 @@ def _generate(args) -> int:
         method=args.method, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
         sampling=SamplingConfig(args.temperature, args.top_k, args.top_p), seed=args.seed,
         stop_strings=tuple(args.stop), score=args.score, confidence=args.confidence, max_lag=args.max_lag,
+        gate=args.gate, verify_lagged=args.verify_lagged,
         cache=args.cache, compile=args.compile, rule=args.rule, alpha=args.alpha, gamma_slim=args.gamma_slim, **tau,
     )
     draft = args.draft if args.method != "ar" else None

@@ -43,6 +43,7 @@ class DimrConfig:
     sampler: str = "tpe"  # tpe | gp
     seed: int = 0
     batch_size: int = 8
+    keep_prefix: int = 0  # every mask keeps layers 0..keep_prefix-1 (shared with the full model: reuse)
 
     def budget(self, num_layers: int) -> int:
         k = round(self.keep_ratio * num_layers)
@@ -59,6 +60,14 @@ class DimrConfig:
             raise SearchError(f"unknown sampler {self.sampler!r}; choose tpe or gp")
         if self.n_random < 1 or self.n_bayes < 0:
             raise SearchError("n_random must be >= 1 and n_bayes >= 0")
+        if self.keep_prefix < 0:
+            raise SearchError(f"keep_prefix must be >= 0, got {self.keep_prefix}")
+
+    def check_prefix(self, num_layers: int) -> None:
+        k = self.budget(num_layers)
+        if self.keep_prefix > k:
+            raise SearchError(f"keep_prefix {self.keep_prefix} is more than the {k} layers keep_ratio "
+                              f"{self.keep_ratio} keeps of {num_layers}")
 
 
 @dataclass
@@ -142,6 +151,8 @@ def dimr_search(cost: MaskCost, cfg: DimrConfig, storage: str, study_name: str, 
     cfg.check()
     L = cost.num_layers
     k = cfg.budget(L)
+    cfg.check_prefix(L)
+    prefix = cfg.keep_prefix
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(storage=storage, study_name=study_name, direction="minimize", load_if_exists=True)
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
@@ -153,8 +164,9 @@ def dimr_search(cost: MaskCost, cfg: DimrConfig, storage: str, study_name: str, 
         phase = "random" if len(done) < cfg.n_random else "bayes"
         study.sampler = _sampler(cfg, len(done))
         trial = study.ask()
-        scores = [trial.suggest_float(f"layer_{i:03d}", 0.0, 1.0) for i in range(L)]
-        keep = top_k_mask(scores, k)
+        # layers 0..prefix-1 are always kept; the search places the other k - prefix among the rest
+        scores = [trial.suggest_float(f"layer_{i:03d}", 0.0, 1.0) for i in range(prefix, L)]
+        keep = list(range(prefix)) + [prefix + i for i in top_k_mask(scores, k - prefix)]
         t0 = time.perf_counter()
         value = cost(RoutingMask.from_layers(keep, L))
         trial.set_user_attr("keep_layers", keep)

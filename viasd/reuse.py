@@ -1,0 +1,172 @@
+"""Reuse of the slim verifier's work by the full model (docs/method.md, "When the slim tier pays").
+
+A routed slim view whose mask keeps layers `0..k-1` computes exactly what the full model computes up
+to its first dropped layer `k`. `SharedPrefix` splits both forwards there, LayerSkip-style
+(early/remainder), without touching the target:
+
+- the *trunk* (layers `0..k-1`, no final norm) runs once per position for both models; its output, the
+  residual stream `h` `[1, T, H]`, is kept in a buffer and its K/V in one cache (`TrunkRunner`);
+- the slim's *rest* (its kept layers `>= k`) and the full model's *rest* (layers `k..L-1`) each take
+  `h` as `inputs_embeds` and keep their own caches (`RestRunner`), so an escalation starts the full
+  forward at layer `k` from the slim's hidden states: the part `rho` of the full pass the slim already
+  did costs nothing.
+
+Not every layout accepts a residual stream as `inputs_embeds` (GPT-2 adds position embeddings to it,
+Gemma scales it), so `SharedPrefix.build` checks the split on a probe sequence against the unsplit
+target and falls back (returns None, with the reason logged) when it does not reproduce the logits.
+Pure library code: models in, views and runners out.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from .errors import UnsupportedArchitectureError
+from .kv_cache import model_cache
+from .runner import ModelRunner
+
+log = logging.getLogger(__name__)
+
+
+def prefix_length(keep_layers) -> int:
+    """How many of the layers `0, 1, 2, ...` a mask keeps in a row."""
+    k = 0
+    while k < len(keep_layers) and keep_layers[k] == k:
+        k += 1
+    return k
+
+
+def _cache_for(target: nn.Module, layers, kind: str, capacity: int | None):
+    """The target's cache layout with a `DummyLayer` in every slot but `layers`."""
+    from transformers.cache_utils import DummyLayer
+
+    cache = model_cache(target, kind, capacity)
+    keep = set(layers)
+    cache.layers = [layer if i in keep else DummyLayer() for i, layer in enumerate(cache.layers)]
+    return cache
+
+
+class SharedPrefix:
+    """The split of `target` and its slim view at the slim's first dropped layer `k`.
+
+    `trunk`: body view of layers `0..k-1` without the final norm (`input_ids` -> `h`); `slim_rest` and
+    `target_rest`: causal-LM views of the slim's kept layers `>= k` and of layers `k..L-1`
+    (`inputs_embeds=h` -> logits).
+    """
+
+    def __init__(self, target: nn.Module, keep_layers, k: int):
+        from .routing import num_decoder_layers, routed_view
+
+        n = num_decoder_layers(target)
+        self.target = target
+        self.k = k
+        self.trunk_layers = tuple(range(k))
+        self.slim_layers = tuple(i for i in keep_layers if i >= k)
+        self.target_layers = tuple(range(k, n))
+        self.trunk = routed_view(target, self.trunk_layers, base=True, final_norm=False)
+        self.slim_rest = routed_view(target, self.slim_layers)
+        self.target_rest = routed_view(target, self.target_layers)
+
+    @classmethod
+    def build(cls, target: nn.Module, mask) -> SharedPrefix | None:
+        """The split for `mask`, or None (logged) when it keeps no prefix, keeps only a prefix, or the
+        layout does not reproduce the target's logits when split."""
+        k = prefix_length(mask.keep_layers)
+        if k == 0:
+            log.info("reuse off: the mask %s does not keep layer 0, so no layer is shared", list(mask.keep_layers))
+            return None
+        if k == len(mask.keep_layers):
+            log.info("reuse off: the mask keeps only the prefix 0..%d (the slim would have no layer of its own)", k - 1)
+            return None
+        try:
+            split = cls(target, mask.keep_layers, k)
+        except UnsupportedArchitectureError as err:
+            log.warning("reuse off: %s", err)
+            return None
+        problem = split.check()
+        if problem:
+            log.warning("reuse off for %s: %s", type(target).__name__, problem)
+            return None
+        return split
+
+    @torch.inference_mode()
+    def check(self, length: int = 12) -> str | None:
+        """Run a probe sequence through the split (with caches, in two chunks) and through the target;
+        None when the logits agree to the dtype's precision, else what differs."""
+        device = next(self.target.parameters()).device
+        vocab = self.target.get_output_embeddings().weight.shape[0]
+        ids = (torch.arange(length, device=device) * 7919 % max(vocab - 1, 1) + 1)[None]
+        full = self.target(input_ids=ids, use_cache=False).logits.float()
+        trunk_cache = _cache_for(self.target, self.trunk_layers, "dynamic", None)
+        rest_cache = _cache_for(self.target, self.target_layers, "dynamic", None)
+        rows = []
+        for part in (ids[:, : length // 2], ids[:, length // 2 :]):
+            h = self.trunk(input_ids=part, cache=trunk_cache, use_cache=True).last_hidden_state
+            rows.append(self.target_rest(inputs_embeds=h, cache=rest_cache, use_cache=True).logits.float())
+        split = torch.cat(rows, dim=1)
+        scale = full.abs().max().item() or 1.0
+        tol = 1e-4 if full.dtype == torch.float32 and next(self.target.parameters()).dtype == torch.float32 else 3e-2
+        gap = (split - full).abs().max().item()
+        if gap > tol * scale:
+            return (f"splitting the forward at layer {self.k} changes the logits by {gap:.3g} (max |logit| {scale:.3g}); "
+                    "this layout does not take its residual stream back as inputs_embeds")
+        return None
+
+    def new_cache(self, part: str, kind: str, capacity: int | None):
+        layers = {"trunk": self.trunk_layers, "slim": self.slim_layers, "target": self.target_layers}[part]
+        return _cache_for(self.target, layers, kind, capacity)
+
+
+class TrunkRunner(ModelRunner):
+    """Runs the shared layers `0..k-1` once per position, for the slim and the full model alike.
+
+    `hidden`: `[1, capacity, H]`, the residual stream after layer `k-1` at every position fed so far
+    (`cached`); rolled back with the sequence like any runner's cache.
+    """
+
+    def __init__(self, model: nn.Module, new_cache: Callable, capacity: int, hidden_size: int, dtype, vocab_size: int,
+                 exact_timing: bool = True):
+        super().__init__("trunk", model, new_cache, vocab_size, exact_timing)
+        self.hidden = torch.zeros((1, capacity, hidden_size), dtype=dtype, device=self.device)
+
+    @torch.inference_mode()
+    def advance(self, ids: torch.Tensor, upto: int) -> None:
+        """Make `hidden[:, :upto]` current: feed `ids[0, cached:upto]` through the trunk."""
+        if self.cached >= upto:
+            return
+        if self._sync:
+            torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        h = self.model(input_ids=ids[:, self.cached : upto], cache=self.cache, use_cache=True).last_hidden_state
+        self.hidden[:, self.cached : upto] = h
+        if self._sync:
+            torch.cuda.synchronize(self.device)
+        self.seconds += time.perf_counter() - start
+        self.tokens += upto - self.cached
+        self._fed_since_trim += upto - self.cached
+        self.passes += 1
+        self.cached = upto
+
+    def forward(self, ids, upto, n_logits):  # the trunk has no head
+        raise TypeError("the trunk yields hidden states: use advance()")
+
+
+class RestRunner(ModelRunner):
+    """The slim's or the full model's layers after the shared prefix, fed the trunk's hidden states."""
+
+    def __init__(self, name: str, model: nn.Module, trunk: TrunkRunner, new_cache: Callable, vocab_size: int,
+                 exact_timing: bool = True):
+        super().__init__(name, model, new_cache, vocab_size, exact_timing)
+        self.trunk = trunk
+
+    def forward(self, ids: torch.Tensor, upto: int, n_logits: int) -> torch.Tensor:
+        self.trunk.advance(ids, upto)
+        return super().forward(ids, upto, n_logits)
+
+    def _inputs(self, ids: torch.Tensor, upto: int) -> dict:
+        return {"inputs_embeds": self.trunk.hidden[:, self.cached : upto]}
