@@ -187,12 +187,15 @@ def test_thresholds_stage_and_infeasible_constraint(study, tmp_path):
     assert results["mask_random"]["mask"] == json.loads(masks["random"].read_text())["keep_layers"]
     assert results["independent"]["mask"] == "independent"
     # one measurement of the per-pass costs (in the DIMR mask's search), shared by the other slims' searches
-    main_cost = results["main"]["pass_cost_s"]
-    assert all(r["pass_cost_s"] == main_cost for r in results.values())
+    # ... where the slim's runners have the same layers per pass (with reuse, the layout of the split)
+    main_cost, main_layers = results["main"]["pass_cost_s"], results["main"]["pass_layers"]
     assert all(r["signature"]["pass_cost_s"] == main_cost for s, r in results.items() if s != "main")
+    for r in results.values():
+        assert (r["pass_cost_s"] == main_cost) == (r["pass_layers"] == main_layers)
+    assert results["independent"]["pass_layers"] != main_layers  # a separate model: its own costs
     for r in results.values():  # the cost model over the best trial's pass counts
-        per = r["dev"]["passes_per_token"]
-        assert r["dev"]["cost_per_token"] == pytest.approx(sum(per[m] * main_cost[m] for m in main_cost))
+        per, cost = r["dev"]["passes_per_token"], r["pass_cost_s"]
+        assert r["dev"]["cost_per_token"] == pytest.approx(sum(per[m] * cost[m] for m in cost))
     again = run_thresholds_stage(params, progress=False)  # no-op re-run
     assert again == {slim: {**r, "up_to_date": True} for slim, r in results.items()}
 

@@ -374,6 +374,9 @@ def summarise(methods, seconds, n_tokens, stats, counts, memory) -> dict:
         if s is not None:
             row.update({"acceptance_rate": s.acceptance_rate, "rejection_rate": s.rejection_rate,
                         "mean_accepted_length": s.mean_accepted_length, "tokens_per_block": s.tokens_per_block,
+                        "block_escalation_rate": s.block_escalation_rate, "gated_rate": s.gated_rate,
+                        "position_pass_rates": s.position_pass_rates(), "lagged_rolled_back": s.lagged_rolled_back,
+                        "layer_tokens_per_token": {k: v / max(s.new_tokens, 1) for k, v in s.layer_tokens.items()},
                         "pass_cost_s": {k: s.time_s[k] / s.passes[k] for k in s.passes if s.passes[k]}})
         else:  # transformers: one target pass per verify step
             target_passes = counts[m.name].get("target", 0)

@@ -15,6 +15,7 @@ when SD wins the result says so (`tiers_off`).
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -26,6 +27,8 @@ from ..models import ModelSet
 from ..policy import DecodePolicy
 from ..stats import DecodeStats
 from ..tasks.base import Example, TaskSpec
+
+log = logging.getLogger(__name__)
 
 # scores whose values are probabilities (tau_accept searched on [0, 1]); the others are ratios (log scale)
 PROBABILITY_SCORES = frozenset({"slim_prob"})
@@ -56,12 +59,15 @@ class DevSet:
     """Dev prompts with the target's greedy outputs and their task score, computed once, and the cost
     model's per-pass costs.
 
-    `pass_cost` (seconds per pass of `draft`, `slim`, `target`) measured elsewhere is used as given:
-    searches for several slim verifiers of the same size then differ by their pass counts, not by
-    timing noise. Without it, `measure_pass_cost` times them here (once, on first need)."""
+    `pass_cost` (seconds per pass of `draft`, `slim`, `target` and, with reuse, the shared `trunk`)
+    measured elsewhere is used as given when that measurement's runners ran the same number of layers
+    per pass as this slim's (`pass_layers`): searches for several slim verifiers of the same layout then
+    differ by their pass counts, not by timing noise. Otherwise (or without it) `measure_pass_cost`
+    times them here (once, on first need)."""
 
     def __init__(self, models: ModelSet, examples: list[Example], max_new_tokens: int, stop_strings=(),
-                 pass_cost: dict[str, float] | None = None, task: TaskSpec | None = None):
+                 pass_cost: dict[str, float] | None = None, task: TaskSpec | None = None,
+                 pass_layers: dict[str, float] | None = None):
         self.models = models
         self.examples = examples
         self.task = task
@@ -74,6 +80,24 @@ class DevSet:
         self.ar_seconds_per_token = ar_stats.wall_time_s / max(ar_stats.new_tokens, 1)
         self.ar_task = self.task_score([r.text for r in ar])
         self.pass_cost = dict(pass_cost) if pass_cost is not None else None
+        self.pass_layers = self.runner_layers()
+        if pass_cost is not None and pass_layers is not None and pass_layers != self.pass_layers:
+            log.info("the shared per-pass costs were measured with layers per pass %s, this slim runs %s: "
+                     "measuring its own", pass_layers, self.pass_layers)
+            self.pass_cost = None
+
+    def _probe(self, max_new_tokens: int | None = None) -> DecodePolicy:
+        """Tiers that never pass: the slim runs every block and every block escalates."""
+        return replace(self.base, gamma=4, tau_accept=1e30, tau_slim=2.0, score="ratio", confidence="max_prob",
+                       verify_lagged=False, gate=0.0, max_lag=0,
+                       max_new_tokens=max_new_tokens or self.base.max_new_tokens)
+
+    def runner_layers(self) -> dict[str, float]:
+        """Decoder layers per token each runner computes (a short probe decode): the layout the per-pass
+        costs belong to (with reuse the slim and full passes run only the layers after the shared trunk)."""
+        stats = self.models.generate(self.prompts[0], self._probe(4)).stats
+        return {m: stats.layer_tokens[m] / stats.tokens_processed[m] for m in stats.layer_tokens
+                if stats.tokens_processed.get(m)}
 
     def task_score(self, texts: list[str | None]) -> float | None:
         """The task's main metric of `texts` against the dev references (None without a task metric)."""
@@ -85,12 +109,10 @@ class DevSet:
         return task_quality(replace(self.task, metrics=(self.metric,)), self.examples, rows).get(self.metric)
 
     def measure_pass_cost(self) -> dict[str, float]:
-        """Seconds per pass of each model, from decodes of the first two prompts in which the slim runs
-        every block and every block escalates (tiers that never pass)."""
-        probe = replace(self.base, gamma=4, tau_accept=1e30, tau_slim=2.0, score="ratio", confidence="max_prob",
-                        verify_lagged=False, gate=0.0, max_lag=0)
-        stats = DecodeStats.merge([self.models.generate(p, probe).stats for p in self.prompts[:2]])
-        self.pass_cost = {m: stats.time_s[m] / max(stats.passes[m], 1) for m in ("draft", "slim", "target")}
+        """Seconds per pass of each runner (draft, slim, target, and the shared trunk with reuse), from
+        decodes of the first two prompts in which the slim runs every block and every block escalates."""
+        stats = DecodeStats.merge([self.models.generate(p, self._probe()).stats for p in self.prompts[:2]])
+        self.pass_cost = {m: stats.time_s[m] / max(stats.passes[m], 1) for m in stats.passes if stats.passes[m]}
         return self.pass_cost
 
     def evaluate(self, policy: DecodePolicy) -> dict:
@@ -205,5 +227,5 @@ def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage: str, study_name:
     # cheapest feasible; on a tie the tiers-off point (no slim pass, lossless) wins
     best = min(feasible, key=lambda t: (t["cost_per_token"], not t["tiers_off"], t["number"] or 0))
     sd = next(p for p in sd_points if p["gamma"] == best["gamma"]) if best["gamma"] in cfg.gamma else None
-    return {"best": best, "trials": candidates, "pass_cost": dev.pass_cost, "sd": sd,
+    return {"best": best, "trials": candidates, "pass_cost": dev.pass_cost, "pass_layers": dev.pass_layers, "sd": sd,
             "ar_seconds_per_token": dev.ar_seconds_per_token}

@@ -256,6 +256,8 @@ def run_frontier(params: Params, pair: str, models, task: str, prompts: int, max
         policy = m.policy
         points.append({"name": m.name, "method": policy.method, "tokens_per_second": row["tokens_per_second"]["median"],
                        **row["quality"], "acceptance_rate": row["acceptance_rate"],
+                       **{k: row.get(k) for k in ("block_escalation_rate", "gated_rate", "position_pass_rates",
+                                                  "pass_cost_s")},
                        "forward_passes_per_token": row["forward_passes_per_token"],
                        **({"tau_accept": policy.tau_accept, "tau_slim": policy.tau_slim, "score": policy.score,
                            "confidence": policy.confidence, "gamma": policy.gamma} if policy.method == "viasd" else {}),
@@ -266,7 +268,7 @@ def run_frontier(params: Params, pair: str, models, task: str, prompts: int, max
     paths = bench_paths(params, pair, task, "frontier", **engine, **run_setting(models))
     lines = [f"# {pair} on {task}: speed-quality frontier ({prompts} prompts x {max_new} tokens, {repeats} rounds)\n",
              f"| run | tokens/s | vs sd | fidelity | NLL | {metric or 'task metric'} | drop vs ar (points) | "
-             "target passes/token |", "|---|---|---|---|---|---|---|---|"]
+             "target passes/token | blocks escalated | tier pass rate by position |", "|---|---|---|---|---|---|---|---|---|---|"]
     sd_rate = next(p["tokens_per_second"] for p in points if p["name"] == "sd")
 
     def f(x, d=3):
@@ -275,7 +277,9 @@ def run_frontier(params: Params, pair: str, models, task: str, prompts: int, max
     for p in points:
         lines.append(f"| {p['name']} | {p['tokens_per_second']:.1f} | {p['tokens_per_second'] / sd_rate:.3f} | "
                      f"{f(p.get('fidelity'))} | {f(p.get('nll'))} | {f(p.get('task_score'), 2)} | "
-                     f"{f(p.get('task_drop'), 2)} | {f(p['forward_passes_per_token'].get('target'))} |")
+                     f"{f(p.get('task_drop'), 2)} | {f(p['forward_passes_per_token'].get('target'))} | "
+                     f"{f(p.get('block_escalation_rate'), 2)} | "
+                     f"{' '.join(f(r, 2) for r in p.get('position_pass_rates') or []) or '–'} |")
     write_text(paths["md"], "\n".join(lines) + "\n")
     _frontier_plot(out, paths["png"])
     write_json(paths["json"], out)

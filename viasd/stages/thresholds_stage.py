@@ -73,16 +73,17 @@ def run_thresholds_stage(params: Params, task: str | None = None, progress: bool
     results: dict[str, dict] = {}
     if "main" in slims:
         results["main"] = tune_slim(params, pair, task, "main", progress)
-    shared = results["main"]["pass_cost_s"] if "main" in results else None
+    shared = (results["main"]["pass_cost_s"], results["main"].get("pass_layers")) if "main" in results else (None, None)
     for slim in slims:
         if slim != "main":
-            results[slim] = tune_slim(params, pair, task, slim, progress, shared)
+            results[slim] = tune_slim(params, pair, task, slim, progress, *shared)
     return results
 
 
 def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool = True,
-              pass_cost: dict[str, float] | None = None) -> dict:
-    """One slim's search; `pass_cost` shares per-pass costs measured in another search (None: measure)."""
+              pass_cost: dict[str, float] | None = None, pass_layers: dict[str, float] | None = None) -> dict:
+    """One slim's search; `pass_cost` shares per-pass costs measured in another search with runners of
+    `pass_layers` layers per token (None, or another layout: measure)."""
     section = params.raw.get("thresholds", {})
     cfg = threshold_config(params)
     paths = threshold_paths(params, task, pair.name, slim)
@@ -98,7 +99,8 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     models = load_run_models(params, pair, spec, mask_file(params, pair.name, spec))
     examples = load_examples(params.data.dir, task, "dev")[: section.get("dev_prompts")]
     max_new = params.tasks.get(task, {}).get("max_new_tokens", 128)
-    dev = DevSet(models, examples, max_new, get_task(task).stop_strings, pass_cost, task=get_task(task))
+    dev = DevSet(models, examples, max_new, get_task(task).stop_strings, pass_cost, task=get_task(task),
+                 pass_layers=pass_layers)
     log.info("tuning thresholds for %s on %s with slim %s", pair.name, task, slim)
     out = tune_thresholds(dev, cfg, optuna_storage(params, paths["storage"]),
                           study_name(f"thresholds-{pair.name}-{task}-{slim}", signature), progress)
@@ -114,7 +116,7 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
         "sd_same_gamma": {k: sd[k] for k in ("cost_per_token", "wall_per_token", "rejection_rate", "acceptance_rate")},
         "cost_vs_sd": best["cost_per_token"] / sd["cost_per_token"],
         "quality_constraints": asdict(cfg.quality), "trials": sum(1 for t in out["trials"] if not t["tiers_off"]),
-        "pass_cost_s": out["pass_cost"], "ar_seconds_per_token": out["ar_seconds_per_token"], "signature": signature,
+        "pass_cost_s": out["pass_cost"], "pass_layers": out["pass_layers"], "ar_seconds_per_token": out["ar_seconds_per_token"], "signature": signature,
     }
     if best["tiers_off"]:
         log.info("thresholds %s: tiers off (plain SD at gamma %d) is the cheapest policy that meets %s",
