@@ -120,3 +120,21 @@ def test_hub_pair_resolves_to_its_ids(tmp_path):
     assert params.pair().name == "hp" and params.pair("smoke").trained
     with pytest.raises(ConfigError, match="unknown pair 'x'"):
         params.pair("x")
+
+
+def test_prefix_ablation_is_its_own_dimr_search(tmp_path):
+    """`viasd-prefix_<n>`: a DIMR mask searched keeping layers 0..n-1, with its own files and thresholds."""
+    from viasd.stages.dimr_stage import grid_searches, mask_paths
+    from viasd.stages.slims import mask_file, slim_name, slims_to_tune
+
+    params = config.load(smoke_params(tmp_path, {"study": {"runs": ["ar", "viasd", "viasd-prefix_1", "viasd-prefix_2",
+                                                                    "viasd-cost_target", "viasd-prefix_0"]}}))
+    spec = parse_run("viasd-prefix_2")
+    assert (spec.prefix, spec.mask_kind) == (2, "prefix_2")
+    assert grid_searches(params) == [{}, {"cost": "target"}, {"keep_prefix": 1}, {"keep_prefix": 2}]
+    assert mask_file(params, "smoke", spec) == mask_paths(params, "smoke", prefix=2)["mask"]
+    assert mask_file(params, "smoke", spec).name == "prefix-2.json"
+    assert slim_name(params, parse_run("viasd-prefix_0")) == "main"  # dimr.keep_prefix is 0: the main search
+    assert slims_to_tune(params) == ["main", "prefix_1", "prefix_2", "cost_target"]
+    with pytest.raises(ValueError, match="only cascade_sd and viasd have"):
+        parse_run("sd-prefix_2")

@@ -17,7 +17,7 @@ from .errors import ViasdError
 
 SCHEMA = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "params.schema.yaml"
 RUN_ABLATIONS = ("mask_random", "mask_truncate", "mask_every_other", "independent", "no_tier2", "cost_path",
-                 "cost_target")  # plus gamma_<n>; see viasd.stages.runs
+                 "cost_target")  # plus gamma_<n> and prefix_<n>; see viasd.stages.runs
 KNOWN_TASKS = ("stdlib_continuation", "humaneval", "cnn_dailymail", "xsum", "wmt14_de_en", "gsm8k",
                "natural_questions", "openai_humaneval")
 

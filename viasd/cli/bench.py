@@ -28,6 +28,8 @@ def _add_bench(sub) -> None:
                         "the filled prefix), dynamic (transformers' DynamicCache) or static (transformers' StaticCache)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile our methods' models (default: decode.compile); compiled in the warm-up round")
+    p.add_argument("--reuse", action=argparse.BooleanOptionalAction, default=None,
+                   help="viasd: the slim's shared layers computed once for the full model too (default: decode.reuse)")
     p.add_argument("--sweep", metavar="KIND=V1,V2,...",
                    help="scaling run instead: gamma=1,2,4,8 | length=64,128,256,512 | prompt=32,128,384 | "
                         "position=100,500,1000; or `frontier`: tokens/s vs fidelity and the task metric for ar, sd, "
@@ -48,7 +50,7 @@ def _bench(args) -> int:
 
     chosen = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
     pair = params.pair(args.pair)
-    engine = {"cache": args.cache, "compile": args.compile}  # None: decode.cache / decode.compile
+    engine = {"cache": args.cache, "compile": args.compile, "reuse": args.reuse}  # None: decode.*
     if args.sweep == "frontier":
         out = run_sweep(params, pair.name, args.task, "frontier", [], args.prompts, args.max_new_tokens, args.repeats,
                         args.gamma, args.device, args.dtype, engine=engine)
@@ -87,7 +89,8 @@ def _bench(args) -> int:
               f"{tie['position']} (logit gap {tie['logit_gap']:.3g}, rounding noise {tie['noise']:.3g})")
     paths = result["files"]
     track(args, params, "bench", f"bench/{pair.name}/{args.task}",
-           {k: result[k] for k in ("prompts", "max_new_tokens", "gamma", "repeats", "device", "dtype", "cache", "compile")},
+           {k: result[k] for k in ("prompts", "max_new_tokens", "gamma", "repeats", "device", "dtype", "cache", "compile",
+                                    "reuse")},
            {f"ratio.{k}": v for k, v in result["ratios"].items()}
            | {f"tokens_per_second.{k}": v["tokens_per_second"]["median"] for k, v in result["methods"].items()}
            | {f"efficiency.{k}": v["efficiency"] for k, v in result["efficiency"].items()}

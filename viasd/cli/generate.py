@@ -56,6 +56,8 @@ def _add_generate(sub) -> None:
                         "first rejection (default: on)")
     p.add_argument("--cache", default=DEFAULT_CACHE, choices=CACHE_KINDS,
                    help="KV cache kind: inplace (default), dynamic (transformers' DynamicCache), static (StaticCache)")
+    p.add_argument("--reuse", action=argparse.BooleanOptionalAction, default=True,
+                   help="viasd: compute the layers the slim shares with the full model once (default: on)")
     p.add_argument("--compile", action="store_true", help="run the models through torch.compile (pays off over long runs)")
     p.add_argument("--rule", default="opt", choices=SPEC_CASCADE_RULES, help="spec_cascade deferral rule")
     p.add_argument("--alpha", type=float, default=0.1, help="spec_cascade lenience")
@@ -100,7 +102,7 @@ def _generate(args) -> int:
         sampling=SamplingConfig(args.temperature, args.top_k, args.top_p), seed=args.seed,
         stop_strings=tuple(args.stop), score=args.score, confidence=args.confidence, max_lag=args.max_lag,
         gate=args.gate, verify_lagged=args.verify_lagged,
-        cache=args.cache, compile=args.compile, rule=args.rule, alpha=args.alpha, gamma_slim=args.gamma_slim, **tau,
+        cache=args.cache, compile=args.compile, reuse=args.reuse, rule=args.rule, alpha=args.alpha, gamma_slim=args.gamma_slim, **tau,
     )
     draft = args.draft if args.method != "ar" else None
     models = load_models(args.target, draft=draft, device=args.device, dtype=args.dtype,

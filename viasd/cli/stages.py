@@ -3,6 +3,8 @@ rules, DVC stages and a person at a shell."""
 
 from __future__ import annotations
 
+import argparse
+
 import json
 import sys
 from pathlib import Path
@@ -76,23 +78,25 @@ def _add_dimr_search(sub) -> None:
 
 
 def _dimr_search(args) -> int:
-    from ..stages.dimr_stage import grid_costs
+    from ..stages.dimr_stage import grid_searches
 
     params = load_params(args)
     pair = params.pair(args.pair)
-    for cost in [args.cost] if args.cost else grid_costs(params):
-        _dimr_search_one(args, params, pair, cost)
+    for overrides in [{"cost": args.cost}] if args.cost else grid_searches(params):
+        _dimr_search_one(args, params, pair, **overrides)
     return 0
 
 
 
-def _dimr_search_one(args, params, pair, cost: str) -> None:
+def _dimr_search_one(args, params, pair, **overrides) -> None:
     from ..stages.dimr_stage import mask_paths, run_dimr_stage
 
-    out = run_dimr_stage(params, pair=pair, cost=cost)
-    paths = mask_paths(params, pair.name, out["cost_fn"])
+    out = run_dimr_stage(params, pair=pair, **overrides)
+    paths = mask_paths(params, pair.name, out["cost_fn"], out["config"].get("keep_prefix", 0))
     trace = [json.loads(line) for line in paths["trace"].read_text().splitlines()]
-    track(args, params, "dimr_search", f"dimr_search/{pair.name}/{out['cost_fn']}", out["config"],
+    prefix = out["config"].get("keep_prefix", 0)
+    track(args, params, "dimr_search", f"dimr_search/{pair.name}/{out['cost_fn']}" + (f"-prefix{prefix}" if prefix else ""),
+          out["config"],
            {"up_to_date": out.get("up_to_date", False)} | {k: out[k] for k in ("cost", "best_random_cost", "trials", "search_seconds", "reference_seconds",
                                 "forward_passes", "budget_layers")},
            {"keep_layers": ",".join(map(str, out["keep_layers"])), "cost_fn": out["cost_fn"]},
@@ -104,6 +108,18 @@ def _dimr_search_one(args, params, pair, cost: str) -> None:
 
 
 
+def _slim_name(text: str) -> str:
+    from ..stages.runs import parse_run
+    from ..stages.slims import SLIM_ABLATIONS
+
+    try:
+        if text == "main" or text in SLIM_ABLATIONS or parse_run(f"viasd-{text}").prefix is not None:
+            return text
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"unknown slim {text!r}: main, {', '.join(SLIM_ABLATIONS)} or prefix_<n>")
+
+
 def _add_tune_thresholds(sub) -> None:
     from ..stages.slims import SLIM_ABLATIONS
 
@@ -111,8 +127,8 @@ def _add_tune_thresholds(sub) -> None:
                       _tune_thresholds)
     add_pair(p)
     p.add_argument("--task", help="default: thresholds.task of params.yaml")
-    p.add_argument("--slim", action="append", choices=("main", *SLIM_ABLATIONS),
-                   help="tune for this slim verifier only (repeatable; default: main, and with thresholds.per_slim "
+    p.add_argument("--slim", action="append", type=_slim_name,
+                   help="main, " + ", ".join(SLIM_ABLATIONS) + ", prefix_<n>; "tune for this slim verifier only (repeatable; default: main, and with thresholds.per_slim "
                         "every slim ablation of study.runs)")
 
 

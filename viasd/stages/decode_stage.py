@@ -36,7 +36,8 @@ def engine_options(params: Params, given: dict | None = None) -> dict:
     """The engine options of our methods (`cache`, `compile`) from params.yaml's `decode`, with the
     non-None entries of `given` (command-line overrides) on top."""
     section = params.raw["decode"]
-    options = {"cache": section.get("cache", DEFAULT_CACHE), "compile": bool(section.get("compile", False))}
+    options = {"cache": section.get("cache", DEFAULT_CACHE), "compile": bool(section.get("compile", False)),
+               "reuse": bool(section.get("reuse", True))}
     return {**options, **{k: v for k, v in (given or {}).items() if v is not None}}
 
 

@@ -44,10 +44,20 @@ def plot_dir(params: Params, pair: str) -> Path:
     return params.reports_dir / "dimr" / pair
 
 
-def mask_paths(params: Params, pair: str | None = None, cost: str | None = None) -> dict:
-    """Output paths of the pair's search; `cost` other than `dimr.cost` names the cost-ablation search."""
+def main_prefix(params: Params) -> int:
+    return int(params.raw.get("dimr", {}).get("keep_prefix", 0))
+
+
+def mask_paths(params: Params, pair: str | None = None, cost: str | None = None, prefix: int | None = None) -> dict:
+    """Output paths of the pair's search; `cost` other than `dimr.cost` names the cost-ablation search,
+    `prefix` other than `dimr.keep_prefix` the prefix-ablation search (layers 0..prefix-1 kept)."""
     pair = pair or params.pair().name
     masks, plots = mask_dir(params, pair), plot_dir(params, pair)
+    if prefix not in (None, main_prefix(params)) and cost in (None, main_cost(params)):
+        name = f"prefix-{prefix}"
+        return {"mask": masks / f"{name}.json", "trace": masks / f"{name}.trace.jsonl",
+                "curve": plots / f"{name}-search.png", "layers": plots / f"{name}-layers.png",
+                "storage": params.models_dir / "optuna" / f"dimr-{pair}.db"}
     if cost in (None, main_cost(params)):
         return {"mask": masks / "mask.json", "trace": masks / "trace.jsonl", "curve": plots / "search.png",
                 "layers": plots / "layers.png", "storage": params.models_dir / "optuna" / f"dimr-{pair}.db",
@@ -55,6 +65,19 @@ def mask_paths(params: Params, pair: str | None = None, cost: str | None = None)
     return {"mask": masks / f"cost-{cost}.json", "trace": masks / f"cost-{cost}.trace.jsonl",
             "curve": plots / f"cost-{cost}-search.png", "layers": plots / f"cost-{cost}-layers.png",
             "storage": params.models_dir / "optuna" / f"dimr-{pair}.db"}
+
+
+def grid_searches(params: Params) -> list[dict]:
+    """Every DIMR search the study needs, as overrides of `dimr`: the main one (`{}`), each other cost a
+    `cost_<fn>` run asks for, and each prefix a `prefix_<n>` run asks for."""
+    from .runs import parse_run
+
+    out = [{}] + [{"cost": c} for c in grid_costs(params)[1:]]
+    for run in params.study["runs"]:
+        prefix = parse_run(run).prefix
+        if prefix is not None and prefix != main_prefix(params) and {"keep_prefix": prefix} not in out:
+            out.append({"keep_prefix": prefix})
+    return out
 
 
 def grid_costs(params: Params) -> list[str]:
@@ -99,9 +122,9 @@ def run_dimr_stage(params: Params, progress: bool = True, pair: Pair | None = No
     pair = pair or params.pair()
     cfg = dimr_config(params, **overrides)
     cfg.check()
-    main = cfg.cost == main_cost(params)
+    main = cfg.cost == main_cost(params) and cfg.keep_prefix == main_prefix(params)
     baselines = _baselines(params) if main else []
-    paths = mask_paths(params, pair.name, cfg.cost)
+    paths = mask_paths(params, pair.name, cfg.cost, cfg.keep_prefix)
     if paths["mask"].exists():
         previous = json.loads(paths["mask"].read_text())
         if previous.get("config") == asdict(cfg) and all(paths[b].exists() for b in baselines):

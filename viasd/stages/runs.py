@@ -4,6 +4,8 @@
 Ablations:
   mask_random / mask_truncate / mask_every_other   the slim verifier routed by a baseline mask
   cost_path / cost_target                           the DIMR mask searched with that cost function
+  prefix_<n>                                        the DIMR mask searched keeping layers 0..n-1 (shared
+                                                    with the full model: reuse; compares prefix sizes)
   independent                                       a separately trained model in the slim's place
   no_tier2                                          VIA-SD without tier 2 (tau_slim = inf)
   gamma_<n>                                         draft block length n instead of the tuned/default one
@@ -18,6 +20,7 @@ from ..policy import METHODS
 
 ROUTED = ("cascade_sd", "viasd")  # methods with a slim verifier
 _GAMMA = re.compile(r"gamma_([1-9][0-9]*)$")
+_PREFIX = re.compile(r"prefix_(0|[1-9][0-9]*)$")
 
 
 @dataclass(frozen=True)
@@ -40,9 +43,14 @@ class RunSpec:
             return None
         if self.ablation and self.ablation.startswith("mask_"):
             return self.ablation[len("mask_"):]
-        if self.ablation and self.ablation.startswith("cost_"):
+        if self.ablation and (self.ablation.startswith("cost_") or self.prefix is not None):
             return self.ablation
         return "main"
+
+    @property
+    def prefix(self) -> int | None:
+        match = _PREFIX.match(self.ablation or "")
+        return int(match.group(1)) if match else None
 
     @property
     def gamma(self) -> int | None:
@@ -63,7 +71,7 @@ def parse_run(text: str) -> RunSpec:
             raise ValueError(f"{text!r}: ar has no draft block length")
         return spec
     routed_only = ("mask_random", "mask_truncate", "mask_every_other", "cost_path", "cost_target", "independent")
-    if ablation in routed_only:
+    if ablation in routed_only or spec.prefix is not None:
         if method not in ROUTED:
             raise ValueError(f"{text!r}: {ablation} changes the slim verifier, which only "
                              f"{' and '.join(ROUTED)} have")
@@ -73,4 +81,4 @@ def parse_run(text: str) -> RunSpec:
             raise ValueError(f"{text!r}: no_tier2 is a VIA-SD ablation")
         return spec
     raise ValueError(f"{text!r}: unknown ablation {ablation!r}; ablations: {', '.join(routed_only)}, no_tier2, "
-                     "gamma_<n>")
+                     "gamma_<n>, prefix_<n>")

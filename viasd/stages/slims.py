@@ -4,6 +4,7 @@ A *slim* names what stands in the slim verifier's place:
   main              the pair's DIMR mask (searched with `dimr.cost`)
   mask_random, mask_truncate, mask_every_other    a baseline mask of the same budget
   cost_<fn>         the DIMR mask searched with the other cost function
+  prefix_<n>        the DIMR mask searched keeping layers 0..n-1
   independent       a separately trained model (no routing)
 
 With `thresholds.per_slim` (the default), every VIA-SD slim ablation of `study.runs` gets thresholds
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from ..config import Pair, Params
 from ..errors import ViasdError
-from .dimr_stage import main_cost, mask_paths
+from .dimr_stage import main_cost, main_prefix, mask_paths
 from .runs import RunSpec, parse_run
 
 SLIM_ABLATIONS = ("mask_random", "mask_truncate", "mask_every_other", "cost_path", "cost_target", "independent")
@@ -36,6 +37,8 @@ def read_json(path: Path, what: str) -> dict:
 
 def slim_name(params: Params, spec: RunSpec) -> str:
     """The slim a routed run uses: `main`, or the ablation that replaces it (`cost_<dimr.cost>` is `main`)."""
+    if spec.prefix is not None:
+        return "main" if spec.prefix == main_prefix(params) else spec.ablation
     if spec.ablation not in SLIM_ABLATIONS or spec.ablation == f"cost_{main_cost(params)}":
         return "main"
     return spec.ablation
@@ -63,7 +66,7 @@ def slims_to_tune(params: Params) -> list[str]:
 
 def slim_spec(slim: str) -> RunSpec:
     """The VIA-SD run that uses `slim`."""
-    return RunSpec("viasd", None if slim == "main" else slim)
+    return parse_run("viasd" if slim == "main" else f"viasd-{slim}")
 
 
 def mask_file(params: Params, pair: str, spec: RunSpec) -> Path | None:
@@ -75,6 +78,8 @@ def mask_file(params: Params, pair: str, spec: RunSpec) -> Path | None:
         return mask_paths(params, pair)["mask"]
     if kind.startswith("cost_"):
         return mask_paths(params, pair, kind[len("cost_"):])["mask"]
+    if spec.prefix is not None:
+        return mask_paths(params, pair, prefix=spec.prefix)["mask"]
     return mask_paths(params, pair)[kind]
 
 
