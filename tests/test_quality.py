@@ -45,3 +45,14 @@ def test_constraints():
     assert strict.violations({"fidelity": 0.1, "agreement": 0.85}) == pytest.approx({"agreement": 0.05})
     assert strict.describe() == "agreement >= 0.9"
     assert QualityConstraints.from_dict(None) == c
+
+
+def test_position_table_reads_pass_rates_per_position():
+    from viasd.stages.report_stage import position_table
+
+    evals = [{"run": "viasd", "method": "viasd", "position_reached": [10, 6, 3], "position_settled": [6, 3, 0],
+              "gated_rate": 0.2, "block_escalation_rate": 0.9},
+             {"run": "sd", "method": "sd"}]
+    table = position_table(evals)
+    assert "| viasd | 0.60 (10) | 0.50 (6) | 0.00 (3) | 0.200 | 0.900 |" in table and "| sd |" not in table
+    assert "No VIA-SD run" in position_table([evals[1]])

@@ -128,8 +128,8 @@ def _add_tune_thresholds(sub) -> None:
     add_pair(p)
     p.add_argument("--task", help="default: thresholds.task of params.yaml")
     p.add_argument("--slim", action="append", type=_slim_name,
-                   help="main, " + ", ".join(SLIM_ABLATIONS) + ", prefix_<n>; "tune for this slim verifier only (repeatable; default: main, and with thresholds.per_slim "
-                        "every slim ablation of study.runs)")
+                   help="main, " + ", ".join(SLIM_ABLATIONS) + ", prefix_<n>: tune for this slim verifier only "
+                        "(repeatable; default: main, and with thresholds.per_slim every slim ablation of study.runs)")
 
 
 
