@@ -4,7 +4,7 @@ Searched: `gamma`, the score (tier 1) with a `tau_accept` range that suits it (a
 log scale, a probability on [0, 1]), the confidence (tier 2) and `tau_slim`, the draft gate (tier 0),
 `max_lag` and `verify_lagged`. Objective: cost per generated token under the cost model
 `(draft passes * c_p + slim passes * c_s + full passes * c_q) / tokens`, with per-pass costs `c`
-measured on this machine; the measured wall time per token is recorded beside it. Constraints
+measured on this machine for each runner layout (with reuse, the shared trunk and the two rests); the measured wall time per token is recorded beside it. Constraints
 (`metrics.quality.QualityConstraints`): fidelity, the task metric's drop against `ar` on the same
 prompts, optionally agreement.
 
@@ -32,6 +32,12 @@ log = logging.getLogger(__name__)
 
 # scores whose values are probabilities (tau_accept searched on [0, 1]); the others are ratios (log scale)
 PROBABILITY_SCORES = frozenset({"slim_prob"})
+
+
+def cost_keys(stats: DecodeStats) -> dict[str, str]:
+    """Runner name -> its layout `name:layers` (decoder layers per token it ran), for runners that ran."""
+    return {m: f"{m}:{round(stats.layer_tokens[m] / stats.tokens_processed[m])}" for m in stats.passes
+            if stats.passes[m] and stats.tokens_processed.get(m)}
 OFF = math.inf
 
 
@@ -59,15 +65,15 @@ class DevSet:
     """Dev prompts with the target's greedy outputs and their task score, computed once, and the cost
     model's per-pass costs.
 
-    `pass_cost` (seconds per pass of `draft`, `slim`, `target` and, with reuse, the shared `trunk`)
-    measured elsewhere is used as given when that measurement's runners ran the same number of layers
-    per pass as this slim's (`pass_layers`): searches for several slim verifiers of the same layout then
-    differ by their pass counts, not by timing noise. Otherwise (or without it) `measure_pass_cost`
-    times them here (once, on first need)."""
+    `pass_cost` is keyed by runner *layout*, `name:layers` (`cost_key`): a full-model pass (`target:12`)
+    costs more than the full model's rest after a shared trunk (`target:11` beside `trunk:1`, reuse),
+    so tiers-off (SD) blocks and tiered blocks are each costed as they run. Costs measured elsewhere are
+    used as given when they cover this slim's layouts: searches for several slim verifiers of the same
+    layout then differ by their pass counts, not by timing noise. Otherwise (or without them)
+    `measure_pass_cost` times them here (once, on first need)."""
 
     def __init__(self, models: ModelSet, examples: list[Example], max_new_tokens: int, stop_strings=(),
-                 pass_cost: dict[str, float] | None = None, task: TaskSpec | None = None,
-                 pass_layers: dict[str, float] | None = None):
+                 pass_cost: dict[str, float] | None = None, task: TaskSpec | None = None):
         self.models = models
         self.examples = examples
         self.task = task
@@ -80,24 +86,18 @@ class DevSet:
         self.ar_seconds_per_token = ar_stats.wall_time_s / max(ar_stats.new_tokens, 1)
         self.ar_task = self.task_score([r.text for r in ar])
         self.pass_cost = dict(pass_cost) if pass_cost is not None else None
-        self.pass_layers = self.runner_layers()
-        if pass_cost is not None and pass_layers is not None and pass_layers != self.pass_layers:
-            log.info("the shared per-pass costs were measured with layers per pass %s, this slim runs %s: "
-                     "measuring its own", pass_layers, self.pass_layers)
+        self.layouts = {k for probe in self._probes(4) for k in cost_keys(self.models.generate(self.prompts[0], probe).stats)}
+        if self.pass_cost is not None and not self.layouts <= set(self.pass_cost):
+            log.info("the shared per-pass costs cover %s, this slim runs %s: measuring its own", sorted(self.pass_cost),
+                     sorted(self.layouts))
             self.pass_cost = None
 
-    def _probe(self, max_new_tokens: int | None = None) -> DecodePolicy:
-        """Tiers that never pass: the slim runs every block and every block escalates."""
-        return replace(self.base, gamma=4, tau_accept=1e30, tau_slim=2.0, score="ratio", confidence="max_prob",
-                       verify_lagged=False, gate=0.0, max_lag=0,
-                       max_new_tokens=max_new_tokens or self.base.max_new_tokens)
-
-    def runner_layers(self) -> dict[str, float]:
-        """Decoder layers per token each runner computes (a short probe decode): the layout the per-pass
-        costs belong to (with reuse the slim and full passes run only the layers after the shared trunk)."""
-        stats = self.models.generate(self.prompts[0], self._probe(4)).stats
-        return {m: stats.layer_tokens[m] / stats.tokens_processed[m] for m in stats.layer_tokens
-                if stats.tokens_processed.get(m)}
+    def _probes(self, max_new_tokens: int | None = None) -> list[DecodePolicy]:
+        """Decodes that exercise every runner layout: tiers that never pass (the slim runs every block and
+        every block escalates), and tiers off (plain SD: full-model passes, no slim)."""
+        never = replace(self.base, gamma=4, tau_accept=1e30, tau_slim=2.0, score="ratio", confidence="max_prob",
+                        verify_lagged=False, gate=0.0, max_lag=0, max_new_tokens=max_new_tokens or self.base.max_new_tokens)
+        return [never, replace(never, tau_accept=OFF, tau_slim=OFF)]
 
     def task_score(self, texts: list[str | None]) -> float | None:
         """The task's main metric of `texts` against the dev references (None without a task metric)."""
@@ -109,11 +109,14 @@ class DevSet:
         return task_quality(replace(self.task, metrics=(self.metric,)), self.examples, rows).get(self.metric)
 
     def measure_pass_cost(self) -> dict[str, float]:
-        """Seconds per pass of each runner (draft, slim, target, and the shared trunk with reuse), from
-        decodes of the first two prompts in which the slim runs every block and every block escalates."""
-        stats = DecodeStats.merge([self.models.generate(p, self._probe()).stats for p in self.prompts[:2]])
-        self.pass_cost = {m: stats.time_s[m] / max(stats.passes[m], 1) for m in stats.passes if stats.passes[m]}
-        return self.pass_cost
+        """Seconds per pass of each runner layout (`cost_key`), from the probe decodes of the first two prompts."""
+        cost = {}
+        for probe in self._probes():
+            stats = DecodeStats.merge([self.models.generate(p, probe).stats for p in self.prompts[:2]])
+            for m, key in cost_keys(stats).items():
+                cost[key] = stats.time_s[m] / stats.passes[m]
+        self.pass_cost = cost
+        return cost
 
     def evaluate(self, policy: DecodePolicy) -> dict:
         """Decode every dev prompt with `policy`: cost (model and wall) and the three quality measures."""
@@ -124,7 +127,11 @@ class DevSet:
         scores = pooled([teacher_forced(self.models.target, p, r.token_ids, self.models.vocab_size)
                          for p, r in zip(self.prompts, results)])
         score = self.task_score([r.text for r in results])
-        modeled = sum(stats.passes.get(m, 0) * c for m, c in self.pass_cost.items()) / tokens
+        keys = cost_keys(stats)
+        missing = set(keys.values()) - set(self.pass_cost)
+        if missing:
+            raise ViasdError(f"no measured per-pass cost for runner layout(s) {sorted(missing)} (have {sorted(self.pass_cost)})")
+        modeled = sum(stats.passes[m] * self.pass_cost[k] for m, k in keys.items()) / tokens
         return {"cost_per_token": modeled, "wall_per_token": stats.wall_time_s / tokens,
                 "fidelity": scores["fidelity"], "nll": scores["nll"], "agreement": agree,
                 "task_metric": self.metric, "task_score": score, "task_score_ar": self.ar_task,
@@ -134,8 +141,13 @@ class DevSet:
                 "full_passes_per_token": stats.full_passes_per_token(),
                 "position_pass_rates": stats.position_pass_rates(),
                 "lagged_rolled_back": stats.lagged_rolled_back,
-                "passes_per_token": {m: stats.passes.get(m, 0) / tokens for m in self.pass_cost},
-                "speedup_model_vs_ar": (self.pass_cost["target"] / modeled) if modeled else None}
+                "passes_per_token": {k: stats.passes[m] / tokens for m, k in keys.items()},
+                "speedup_model_vs_ar": (self.full_pass_cost() / modeled) if modeled else None}
+
+    def full_pass_cost(self) -> float:
+        """Seconds of one unshared full-model pass (the ar step the cost model compares with)."""
+        full = max((k for k in self.pass_cost if k.startswith("target:")), key=lambda k: int(k.split(":")[1]))
+        return self.pass_cost[full]
 
 
 def suggest_policy(trial, base: DecodePolicy, cfg: ThresholdConfig) -> DecodePolicy:
@@ -227,5 +239,5 @@ def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage: str, study_name:
     # cheapest feasible; on a tie the tiers-off point (no slim pass, lossless) wins
     best = min(feasible, key=lambda t: (t["cost_per_token"], not t["tiers_off"], t["number"] or 0))
     sd = next(p for p in sd_points if p["gamma"] == best["gamma"]) if best["gamma"] in cfg.gamma else None
-    return {"best": best, "trials": candidates, "pass_cost": dev.pass_cost, "pass_layers": dev.pass_layers, "sd": sd,
+    return {"best": best, "trials": candidates, "pass_cost": dev.pass_cost, "sd": sd,
             "ar_seconds_per_token": dev.ar_seconds_per_token}

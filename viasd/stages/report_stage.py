@@ -84,7 +84,8 @@ def slim_rows(params: Params, pair: str, task: str) -> list[dict]:
                      **{f"{k}_ms_per_token": 1000 * tuned["dev"][f"{k}_per_token"] for k in ("cost", "wall")},
                      **{k: tuned["dev"].get(k) for k in ("rejection_rate", "full_passes_per_token", "fidelity",
                                                          "task_drop", "agreement")},
-                     "slim_passes_per_token": (tuned["dev"].get("passes_per_token") or {}).get("slim")})
+                     "slim_passes_per_token": sum(v for k, v in (tuned["dev"].get("passes_per_token") or {}).items()
+                                                  if k.split(":")[0] == "slim")})
     return rows
 
 

@@ -64,26 +64,27 @@ def run_thresholds_stage(params: Params, task: str | None = None, progress: bool
                          pair: Pair | None = None, slims: list[str] | None = None) -> dict[str, dict]:
     """Tune the thresholds of each slim (default: `slims_to_tune`); returns {slim: result}.
 
-    The per-pass costs of the cost model are measured once, in the `main` (DIMR mask) search, and shared
-    by the other slims' searches (every slim has the budget's size), so slims are compared by what they
-    do (pass counts at the quality constraint), not by timing noise between searches."""
+    The per-pass costs of the cost model are measured once per runner layout, in the `main` (DIMR mask)
+    search, and shared by the other slims' searches whose layouts they cover (a slim of the budget's size
+    with the same shared prefix), so those slims are compared by what they do (pass counts at the quality
+    constraints), not by timing noise between searches; a slim of another layout measures its own."""
     pair = pair or params.pair()
     task = task or params.raw.get("thresholds", {}).get("task", "stdlib_continuation")
     slims = slims or slims_to_tune(params)
     results: dict[str, dict] = {}
     if "main" in slims:
         results["main"] = tune_slim(params, pair, task, "main", progress)
-    shared = (results["main"]["pass_cost_s"], results["main"].get("pass_layers")) if "main" in results else (None, None)
+    shared = results["main"]["pass_cost_s"] if "main" in results else None
     for slim in slims:
         if slim != "main":
-            results[slim] = tune_slim(params, pair, task, slim, progress, *shared)
+            results[slim] = tune_slim(params, pair, task, slim, progress, shared)
     return results
 
 
 def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool = True,
-              pass_cost: dict[str, float] | None = None, pass_layers: dict[str, float] | None = None) -> dict:
-    """One slim's search; `pass_cost` shares per-pass costs measured in another search with runners of
-    `pass_layers` layers per token (None, or another layout: measure)."""
+              pass_cost: dict[str, float] | None = None) -> dict:
+    """One slim's search; `pass_cost` shares per-pass costs (per runner layout) measured in another search
+    (None, or costs that miss one of this slim's layouts: measure)."""
     section = params.raw.get("thresholds", {})
     cfg = threshold_config(params)
     paths = threshold_paths(params, task, pair.name, slim)
@@ -99,8 +100,7 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     models = load_run_models(params, pair, spec, mask_file(params, pair.name, spec))
     examples = load_examples(params.data.dir, task, "dev")[: section.get("dev_prompts")]
     max_new = params.tasks.get(task, {}).get("max_new_tokens", 128)
-    dev = DevSet(models, examples, max_new, get_task(task).stop_strings, pass_cost, task=get_task(task),
-                 pass_layers=pass_layers)
+    dev = DevSet(models, examples, max_new, get_task(task).stop_strings, pass_cost, task=get_task(task))
     log.info("tuning thresholds for %s on %s with slim %s", pair.name, task, slim)
     out = tune_thresholds(dev, cfg, optuna_storage(params, paths["storage"]),
                           study_name(f"thresholds-{pair.name}-{task}-{slim}", signature), progress)
@@ -116,7 +116,7 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
         "sd_same_gamma": {k: sd[k] for k in ("cost_per_token", "wall_per_token", "rejection_rate", "acceptance_rate")},
         "cost_vs_sd": best["cost_per_token"] / sd["cost_per_token"],
         "quality_constraints": asdict(cfg.quality), "trials": sum(1 for t in out["trials"] if not t["tiers_off"]),
-        "pass_cost_s": out["pass_cost"], "pass_layers": out["pass_layers"], "ar_seconds_per_token": out["ar_seconds_per_token"], "signature": signature,
+        "pass_cost_s": out["pass_cost"], "ar_seconds_per_token": out["ar_seconds_per_token"], "signature": signature,
     }
     if best["tiers_off"]:
         log.info("thresholds %s: tiers off (plain SD at gamma %d) is the cheapest policy that meets %s",
