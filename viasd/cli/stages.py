@@ -142,8 +142,8 @@ def _tune_thresholds(args) -> int:
     results = run_thresholds_stage(params, args.task, pair=pair, slims=args.slim)
     for slim, out in results.items():
         paths = threshold_paths(params, out["task"], pair.name, slim)
-        trace = sorted((json.loads(line) for line in paths["trace"].read_text().splitlines()),
-                       key=lambda t: t["number"])
+        trace = sorted((t for t in map(json.loads, paths["trace"].read_text().splitlines()) if not t["tiers_off"]),
+                       key=lambda t: t["number"])  # the Optuna trials (the tiers-off points have no number)
         mask = mask_file(params, pair.name, slim_spec(slim))
         slim_input = {"mask": mask} if mask is not None else {}
         if slim == "independent" and pair.trained:
