@@ -58,6 +58,10 @@ class ThresholdConfig:
     gate: tuple[float, float] = (0.0, 0.9)  # draft-confidence gate; 0 = off
     max_lag: tuple[int, ...] = (0, 16)
     verify_lagged: tuple[bool, ...] = (True, False)
+    # a tiered policy replaces SD only if the cost model says it saves at least this share of SD's cost:
+    # below it the saving is within the resolution of the measured per-pass costs (a fully gated policy,
+    # i.e. SD with split passes, can look a few percent cheaper or dearer by measurement noise alone)
+    min_gain: float = 0.03
     seed: int = 0
 
 
@@ -236,8 +240,14 @@ def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage: str, study_name:
             f"no thresholds met the quality constraints ({cfg.quality.describe()}), not even tiers off (plain SD): "
             f"over {len(candidates)} candidates the closest missed by {closest['violations']}; relax "
             "thresholds.quality or check the dev split")
-    # cheapest feasible; on a tie the tiers-off point (no slim pass, lossless) wins
+    # the cheapest feasible SD point, replaced by the cheapest feasible tiered trial only if that saves at
+    # least `min_gain` of its cost (otherwise the lossless, slim-free SD point wins)
     best = min(feasible, key=lambda t: (t["cost_per_token"], not t["tiers_off"], t["number"] or 0))
+    sd_best = min((t for t in feasible if t["tiers_off"]), key=lambda t: t["cost_per_token"], default=None)
+    if sd_best is not None and not best["tiers_off"] and best["cost_per_token"] > (1 - cfg.min_gain) * sd_best["cost_per_token"]:
+        log.info("the cheapest tiered trial (#%d) saves %.1f%% of SD's cost, less than min_gain %.1f%%: tiers off",
+                 best["number"], 100 * (1 - best["cost_per_token"] / sd_best["cost_per_token"]), 100 * cfg.min_gain)
+        best = sd_best
     sd = next(p for p in sd_points if p["gamma"] == best["gamma"]) if best["gamma"] in cfg.gamma else None
     return {"best": best, "trials": candidates, "pass_cost": dev.pass_cost, "sd": sd,
             "ar_seconds_per_token": dev.ar_seconds_per_token}

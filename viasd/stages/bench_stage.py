@@ -216,8 +216,9 @@ def _sweep_plot(out: dict, path) -> None:
 
 
 def frontier_table(models, viasd: dict, gamma: int, max_new: int, cascade: dict, engine: dict) -> list:
-    """`ar`, `sd`, and a grid of `viasd` tier thresholds (the tuned rules, or the defaults when the tuned
-    policy is tiers off) and of `spec_cascade` lenience, each a named benchmark method."""
+    """`ar`, `sd`, the tuned `viasd` policy, a grid of `viasd` tier thresholds (the tuned rules, or the
+    defaults when the tuned policy is tiers off; the draft gate off, so that every point shows what the
+    tiers themselves trade) and of `spec_cascade` lenience, each a named benchmark method."""
     from dataclasses import replace
 
     from ..benchmark import BenchMethod
@@ -228,9 +229,9 @@ def frontier_table(models, viasd: dict, gamma: int, max_new: int, cascade: dict,
     tuned = {k: v for k, v in viasd.items() if k not in ("tau_accept", "tau_slim")}
     if str(viasd.get("tau_accept")) == "inf" and str(viasd.get("tau_slim")) == "inf":  # tuned to SD: default rules
         tuned = {"gamma": viasd.get("gamma", gamma)}
-    policy = replace(by_name["viasd"].policy, **tuned)
+    policy = replace(by_name["viasd"].policy, **tuned, gate=0.0)
     grid = FRONTIER_TAU_ACCEPT["prob" if policy.score in PROBABILITY_SCORES else "ratio"]
-    table = [by_name["ar"], by_name["sd"]]
+    table = [by_name["ar"], by_name["sd"], BenchMethod("viasd tuned", replace(by_name["viasd"].policy, **viasd))]
     table += [BenchMethod(f"viasd ta={ta:g} ts={ts:g}", replace(policy, tau_accept=ta, tau_slim=ts))
               for ta in grid for ts in FRONTIER_TAU_SLIM]
     table += [BenchMethod(f"spec_cascade a={a:g}", replace(by_name["spec_cascade"].policy, alpha=a))

@@ -102,8 +102,10 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     max_new = params.tasks.get(task, {}).get("max_new_tokens", 128)
     dev = DevSet(models, examples, max_new, get_task(task).stop_strings, pass_cost, task=get_task(task))
     log.info("tuning thresholds for %s on %s with slim %s", pair.name, task, slim)
+    # min_gain only selects among the trials: a change re-selects from the same (resumed) study
+    searched = {**signature, "config": {k: v for k, v in signature["config"].items() if k != "min_gain"}}
     out = tune_thresholds(dev, cfg, optuna_storage(params, paths["storage"]),
-                          study_name(f"thresholds-{pair.name}-{task}-{slim}", signature), progress)
+                          study_name(f"thresholds-{pair.name}-{task}-{slim}", searched), progress)
     best = out["best"]
     dev_keys = ("cost_per_token", "wall_per_token", "fidelity", "nll", "agreement", "task_metric", "task_score",
                 "task_score_ar", "task_drop", "rejection_rate", "acceptance_rate", "block_escalation_rate",
