@@ -79,6 +79,12 @@ class DecodeStats:
             values = getattr(self, name)
             values.extend([0] * (g - len(values)))
 
+    def layouts(self) -> dict[str, str]:
+        """Runner name -> its layout `name:layers` (decoder layers per token it ran), for runners that ran:
+        the unit per-pass costs belong to (a full pass and a pass after a shared trunk differ)."""
+        return {m: f"{m}:{round(self.layer_tokens[m] / self.tokens_processed[m])}" for m in self.passes
+                if self.passes[m] and self.tokens_processed.get(m) and m in self.layer_tokens}
+
     def position_pass_rates(self) -> list[float | None]:
         """Per block position: the share of positions the slim tiers examined that they settled
         (draft token kept, no full model)."""

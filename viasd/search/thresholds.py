@@ -35,9 +35,8 @@ PROBABILITY_SCORES = frozenset({"slim_prob"})
 
 
 def cost_keys(stats: DecodeStats) -> dict[str, str]:
-    """Runner name -> its layout `name:layers` (decoder layers per token it ran), for runners that ran."""
-    return {m: f"{m}:{round(stats.layer_tokens[m] / stats.tokens_processed[m])}" for m in stats.passes
-            if stats.passes[m] and stats.tokens_processed.get(m)}
+    """Runner name -> its layout `name:layers` (`DecodeStats.layouts`)."""
+    return stats.layouts()
 OFF = math.inf
 
 
