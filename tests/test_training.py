@@ -185,6 +185,7 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
         assert q["fidelity"] == 1.0 and q["task_metric"] == "chrf" and q["task_drop"] == 0.0
     assert 0 <= result["methods"]["viasd"]["quality"]["fidelity"] <= 1
     assert {"viasd_vs_sd_model", "sd_vs_ar_model"} <= set(result["ratios_model"])
+    assert {"draft:1", "target:4"} <= set(result["pass_cost_by_layout_s"])  # sd's full passes of the 4-layer target
 
     # the GPU setting's dtype runs on the CPU too (same code path: cast weights, float32 logits)
     assert main(["bench", *base, "--prompts", "2", "--repeats", "1", "--max-new-tokens", "12", "--gamma", "3",
