@@ -49,7 +49,7 @@ def test_tiers_off_uses_no_trunk(model_sets, tokenizer):
     models = model_sets("llama")
     ids = tokenizer(PROMPTS[0])["input_ids"]
     r = models.generate(ids, DecodePolicy(method="viasd", gamma=4, max_new_tokens=N_NEW, eos_token_ids=(),
-                                          tau_accept=math.inf, tau_slim=math.inf))
+                                          tau_accept=math.inf, tau_slim=math.inf, reuse=True))
     assert "trunk" not in r.stats.passes and r.stats.passes["slim"] == 0
 
 

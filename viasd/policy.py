@@ -57,7 +57,7 @@ class DecodePolicy:
     max_lag: int = 0
     gate: float = 0.0
     verify_lagged: bool = True
-    reuse: bool = True
+    reuse: bool = False
     rule: str = "opt"
     alpha: float = 0.1
     gamma_slim: int | None = None

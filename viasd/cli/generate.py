@@ -56,8 +56,8 @@ def _add_generate(sub) -> None:
                         "first rejection (default: on)")
     p.add_argument("--cache", default=DEFAULT_CACHE, choices=CACHE_KINDS,
                    help="KV cache kind: inplace (default), dynamic (transformers' DynamicCache), static (StaticCache)")
-    p.add_argument("--reuse", action=argparse.BooleanOptionalAction, default=True,
-                   help="viasd: compute the layers the slim shares with the full model once (default: on)")
+    p.add_argument("--reuse", action=argparse.BooleanOptionalAction, default=False,
+                   help="viasd: compute the layers the slim shares with the full model once (default: off)")
     p.add_argument("--compile", action="store_true", help="run the models through torch.compile (pays off over long runs)")
     p.add_argument("--rule", default="opt", choices=SPEC_CASCADE_RULES, help="spec_cascade deferral rule")
     p.add_argument("--alpha", type=float, default=0.1, help="spec_cascade lenience")

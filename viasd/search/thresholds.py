@@ -76,20 +76,22 @@ class DevSet:
     `measure_pass_cost` times them here (once, on first need)."""
 
     def __init__(self, models: ModelSet, examples: list[Example], max_new_tokens: int, stop_strings=(),
-                 pass_cost: dict[str, float] | None = None, task: TaskSpec | None = None):
+                 pass_cost: dict[str, float] | None = None, task: TaskSpec | None = None, engine: dict | None = None):
         self.models = models
         self.examples = examples
         self.task = task
         self.metric = main_metric(task.metrics) if task is not None else None
         self.prompts = [e.prompt_ids if e.prompt_ids is not None else models.encode(e.prompt) for e in examples]
-        self.base = DecodePolicy(method="viasd", max_new_tokens=max_new_tokens, stop_strings=tuple(stop_strings))
+        self.base = DecodePolicy(method="viasd", max_new_tokens=max_new_tokens, stop_strings=tuple(stop_strings),
+                                 **(engine or {}))  # engine: cache, compile, reuse (as the decode stage runs)
         ar = [models.generate(p, replace(self.base, method="ar")) for p in self.prompts]
         self.reference = [r.token_ids for r in ar]
         ar_stats = DecodeStats.merge([r.stats for r in ar])
         self.ar_seconds_per_token = ar_stats.wall_time_s / max(ar_stats.new_tokens, 1)
         self.ar_task = self.task_score([r.text for r in ar])
         self.pass_cost = dict(pass_cost) if pass_cost is not None else None
-        self.layouts = {k for probe in self._probes(4) for k in cost_keys(self.models.generate(self.prompts[0], probe).stats)}
+        self.layouts = {key for probe in self._probes(4)
+                        for key in cost_keys(self.models.generate(self.prompts[0], probe).stats).values()}
         if self.pass_cost is not None and not self.layouts <= set(self.pass_cost):
             log.info("the shared per-pass costs cover %s, this slim runs %s: measuring its own", sorted(self.pass_cost),
                      sorted(self.layouts))

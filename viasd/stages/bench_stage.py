@@ -33,12 +33,12 @@ SWEEP_METHODS = ["hf_ar", "ar", "sd", "viasd"]
 
 
 def bench_paths(params: Params, pair: str, task: str, sweep: str | None = None, cache: str = DEFAULT_CACHE,
-                compile: bool = False, device: str = "cpu", dtype: str = "float32", reuse: bool = True) -> dict:
-    """reports/bench/<pair>-<task>[-sweep-<kind>][-<cache>][-compiled][-<device>][-<dtype>].{json,md,png}: a
-    cache kind other than `inplace`, torch.compile, a device other than the CPU and a dtype other than
-    float32 are in the name, so runs of each setting sit side by side (`device` is a type: `cuda`)."""
+                compile: bool = False, device: str = "cpu", dtype: str = "float32", reuse: bool = False) -> dict:
+    """reports/bench/<pair>-<task>[-sweep-<kind>][-<cache>][-compiled][-reuse][-<device>][-<dtype>].{json,md,png}:
+    a cache kind other than `inplace`, torch.compile, reuse, a device other than the CPU and a dtype other
+    than float32 are in the name, so runs of each setting sit side by side (`device` is a type: `cuda`)."""
     base = params.reports_dir / "bench"
-    tags = [t for t, default in ((cache, DEFAULT_CACHE), ("compiled" if compile else "", ""), ("" if reuse else "noreuse", ""),
+    tags = [t for t, default in ((cache, DEFAULT_CACHE), ("compiled" if compile else "", ""), ("reuse" if reuse else "", ""),
                                  (device.split(":")[0], "cpu"), (dtype, "float32")) if t != default]
     stem = "-".join([f"{pair}-{task}", *([f"sweep-{sweep}"] if sweep else []), *tags])
     return {"json": base / f"{stem}.json", "md": base / f"{stem}.md", "png": base / f"{stem}.png"}

@@ -37,7 +37,7 @@ def engine_options(params: Params, given: dict | None = None) -> dict:
     non-None entries of `given` (command-line overrides) on top."""
     section = params.raw["decode"]
     options = {"cache": section.get("cache", DEFAULT_CACHE), "compile": bool(section.get("compile", False)),
-               "reuse": bool(section.get("reuse", True))}
+               "reuse": bool(section.get("reuse", False))}
     return {**options, **{k: v for k, v in (given or {}).items() if v is not None}}
 
 

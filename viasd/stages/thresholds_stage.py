@@ -89,8 +89,11 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     cfg = threshold_config(params)
     paths = threshold_paths(params, task, pair.name, slim)
     spec = slim_spec(slim)
-    signature = {"config": asdict(cfg), "task": task, "dev_prompts": section.get("dev_prompts"), "slim": slim,
-                 "mask": slim_description(params, pair.name, spec)}
+    from .decode_stage import engine_options  # (decode_stage imports this module)
+
+    engine = engine_options(params)
+    signature = {"config": asdict(cfg), "engine": engine, "task": task, "dev_prompts": section.get("dev_prompts"),
+                 "slim": slim, "mask": slim_description(params, pair.name, spec)}
     if pass_cost is not None:
         signature["pass_cost_s"] = pass_cost
     signature = json.loads(json.dumps(signature))  # as it reads back from the file
@@ -100,7 +103,7 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     models = load_run_models(params, pair, spec, mask_file(params, pair.name, spec))
     examples = load_examples(params.data.dir, task, "dev")[: section.get("dev_prompts")]
     max_new = params.tasks.get(task, {}).get("max_new_tokens", 128)
-    dev = DevSet(models, examples, max_new, get_task(task).stop_strings, pass_cost, task=get_task(task))
+    dev = DevSet(models, examples, max_new, get_task(task).stop_strings, pass_cost, task=get_task(task), engine=engine)
     log.info("tuning thresholds for %s on %s with slim %s", pair.name, task, slim)
     # min_gain only selects among the trials: a change re-selects from the same (resumed) study
     searched = {**signature, "config": {k: v for k, v in signature["config"].items() if k != "min_gain"}}
