@@ -1,4 +1,4 @@
-"""Acceptance tests on a drafted block. Notation of DESIGN.md §2: draft `p`, verifier `q`,
+"""Acceptance tests on a drafted block. Notation of docs/method.md: draft `p`, verifier `q`,
 block `x_1..x_g`; tensors are 0-indexed here, so row `i` of `p`/`q` is the paper's `p_{i+1}`/`q_{i+1}`.
 
 Every function returns `(n, next_token)`: the number of leading block tokens kept and the token

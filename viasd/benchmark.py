@@ -11,7 +11,7 @@ greedy picks depends on kernel shapes, so a lossless method may part from the re
 tie; `check_outputs` accepts exactly those (logit gap within the measured rounding noise), lists
 them under `numerical_ties`, and refuses every other difference.
 
-Ideal speedup (DESIGN.md §2.1, generalised to any pass mix): a method whose engine spent nothing
+Ideal speedup (docs/method.md (speculative decoding), generalised to any pass mix): a method whose engine spent nothing
 outside its model passes would need `sum_m P_m c_m` seconds for its `N` tokens (`P_m` passes of
 model `m` at the measured mean cost `c_m`, from its own run); against the measured `ar` time per
 token `t_ar`, `ideal = t_ar N / sum_m P_m c_m`, and `efficiency = measured / ideal` is the share

@@ -1,5 +1,5 @@
 """An independently trained intermediate model in the slim verifier's place: the seed's
-"independent intermediate model" ablation (DESIGN.md §2.5). It offers the same two things the
+"independent intermediate model" ablation (docs/method.md (methods and ablations)). It offers the same two things the
 engine uses from a `SlimVerifier` — `model` (a causal LM) and `new_cache()` — but its weights are
 its own, so its memory overhead is a whole model, not just a KV cache."""
 

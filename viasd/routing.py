@@ -1,6 +1,6 @@
 """The routed slim verifier `q'`: the target run with only the decoder layers its mask keeps.
 
-DESIGN.md §2: embeddings, final norm and LM head are shared with the target and no weight is copied,
+docs/method.md: embeddings, final norm and LM head are shared with the target and no weight is copied,
 so the slim verifier's only memory overhead is its own KV cache.
 
 How the view is built (explicitly, never by mutating the target):

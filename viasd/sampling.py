@@ -3,8 +3,8 @@
 Shapes: `logits` and `probs` are float32 `[n, V]` (one row per position) or `[V]`.
 In greedy mode tokens are `argmax` of the raw logits, and the probabilities used by scores and
 confidences (VIA-SD tiers, cascade deferral rules) are the model's own softmax at temperature 1.
-In sampling mode every distribution is the *warped* one (DESIGN.md §2: "all distributions are after
-temperature / top-p warping"), the same warp applied to draft, slim and target.
+In sampling mode every distribution is the *warped* one (docs/method.md: "all distributions are after
+temperature, top-k and top-p warping"), the same warp applied to draft, slim and target.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Exact decoding statistics (DESIGN.md §2.6): counts, not estimates.
+"""Exact decoding statistics (docs/method.md (statistics)): counts, not estimates.
 
 Accounting identities every decode satisfies (tested):
 - draft tokens:  drafted = accepted_direct + accepted_slim + accepted_full + regenerated_slim

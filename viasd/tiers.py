@@ -1,4 +1,4 @@
-"""Pluggable tier rules of VIA-SD (DESIGN.md §2.2).
+"""Pluggable tier rules of VIA-SD (docs/method.md (the tiers)).
 
 A *score* says how well the draft token `x_i` is supported by a slim verifier (tier 1, direct
 acceptance when `s_i >= tau_accept`; in sampling mode a probabilistic score accepts with probability

@@ -1,1 +1,1 @@
-"""The embedded default study's data: the Python standard library's own sources (DESIGN.md §3)."""
+"""The embedded default study's data: the Python standard library's own sources (docs/study.md)."""

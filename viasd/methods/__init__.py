@@ -1,4 +1,4 @@
-"""One module per decoding method; each exposes `block(session)` (DESIGN.md §2.5)."""
+"""One module per decoding method; each exposes `block(session)` (docs/method.md (methods and ablations))."""
 
 from . import ar, cascade_sd, sd, spec_cascade, viasd
 

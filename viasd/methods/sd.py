@@ -1,4 +1,4 @@
-"""`sd`: two-tier speculative decoding, draft -> target (DESIGN.md §2.1), lossless."""
+"""`sd`: two-tier speculative decoding, draft -> target (docs/method.md (speculative decoding)), lossless."""
 
 from __future__ import annotations
 

@@ -1,1 +1,1 @@
-"""Offline searches: DIMR routing masks (DESIGN.md §2.3) and VIA-SD thresholds (§2.4), with Optuna."""
+"""Offline searches: DIMR routing masks (docs/method.md (DIMR)) and VIA-SD thresholds (§2.4), with Optuna."""

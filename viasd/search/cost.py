@@ -1,4 +1,4 @@
-"""DIMR cost functions (DESIGN.md §2.3), on log-probabilities `[..., V]` at teacher-forced positions.
+"""DIMR cost functions (docs/method.md (DIMR)), on log-probabilities `[..., V]` at teacher-forced positions.
 
 - `path` (default): E[ KL(p || q'_z) + KL(q'_z || q) ] -- the slim verifier should sit between draft
   and target so that both hops are short (KL(p||q) >= KL(p||u) + KL(u||q) for a projection u);

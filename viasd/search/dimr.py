@@ -1,4 +1,4 @@
-"""DIMR: the routing mask search (DESIGN.md §2.3).
+"""DIMR: the routing mask search (docs/method.md (DIMR)).
 
 A mask keeps `k = round(keep_ratio * L)` of the target's `L` decoder layers. Each trial proposes a
 score `x_l in [0, 1]` per layer and keeps the `k` highest (ties to the lower index), so every

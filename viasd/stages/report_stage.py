@@ -159,7 +159,7 @@ def run_report_stage(params: Params) -> dict:
     summary = [f"# viasd study `{params.study['name']}`\n",
                "Every run decodes the task's test prompts greedily; `speedup vs ar` is wall time of greedy `ar` "
                "over the run's, measured alternately in the same job; rejection rate = positions rejected by "
-               "the full model / verified positions (DESIGN.md §2.6).\n"]
+               "the full model / verified positions (docs/method.md (statistics)).\n"]
     headline = {}
     for (pair, task), evals in by_cell.items():
         key = f"{pair}-{task}"

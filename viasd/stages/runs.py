@@ -1,4 +1,4 @@
-"""The decode grid's runs: a method, optionally with one ablation (DESIGN.md §2.5), as `method` or
+"""The decode grid's runs: a method, optionally with one ablation (docs/method.md (methods and ablations)), as `method` or
 `method-ablation` (the name used in file names, Snakemake wildcards and DVC matrix keys).
 
 Ablations:

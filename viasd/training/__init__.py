@@ -1,1 +1,1 @@
-"""Training the embedded default model family (DESIGN.md §3): Llama checkpoints on stdlib code."""
+"""Training the embedded default model family (docs/study.md): Llama checkpoints on stdlib code."""
