@@ -28,3 +28,7 @@ class PromptError(ViasdError):
 
 class PolicyError(ViasdError):
     """A decoding policy has an invalid value (unknown method or rule, negative gamma, ...)."""
+
+
+class BenchError(ViasdError):
+    """The benchmark cannot report a speedup (outputs differ, a method cannot run)."""

@@ -66,6 +66,12 @@ def decode_against_ar(models: ModelSet, examples: list[Example], policy: DecodeP
     return rows, DecodeStats.merge(parts), DecodeStats.merge(ar_parts)
 
 
+def metric_score(task: TaskSpec, metric: str, examples: list[Example], texts: list[str | None]) -> float | None:
+    """One metric of `task` for `texts` (aligned with `examples`), e.g. the main metric of another output."""
+    rows = [{"text": t or "", "token_ids": []} for t in texts]
+    return task_quality(replace(task, metrics=(metric,)), examples, rows).get(metric)
+
+
 def task_quality(task: TaskSpec, examples: list[Example], rows: list[dict], models: ModelSet | None = None) -> dict:
     """The task's quality metrics for decoded `rows` (aligned with `examples`).
 

@@ -48,13 +48,13 @@ class _Level:
     """
 
     def __init__(self, s, k: int, x: torch.Tensor, p: torch.Tensor, g: int):
-        tau_accept, self.tau_slim = s.tier_thresholds[k]
+        tau_accept, tau_slim = s.tier_thresholds[k]
         score, confidence = SCORES[s.policy.score], CONFIDENCES[s.policy.confidence]
         self.logits = s.slims[k].forward(s.ids, s.length + g, g + 1)  # rows q'_1..q'_g, q'_{g+1}
         self.q = s.sampler.probs(self.logits)
         u = None if s.sampler.greedy else s.sampler.uniform(g, x.device)
         accept = direct_accept(score, score.fn(self.q[:g], p, x), tau_accept, u)
-        confident = confidence.fn(self.q) >= self.tau_slim
+        confident = confidence.fn(self.q) >= tau_slim
         self.accept = accept.tolist()
         self.confident = confident.tolist()
 
@@ -64,10 +64,6 @@ class _Level:
             return self.logits[i].argmax(), None
         dist = residual(self.q[i], p[i])
         return s.sampler.sample(dist), dist
-
-
-def _tiers_off(s) -> bool:
-    return all(a == float("inf") and b == float("inf") for a, b in s.tier_thresholds)
 
 
 def _verify_lagged(s, q_logits: torch.Tensor, first: int) -> bool:
@@ -157,7 +153,7 @@ def block(s) -> None:
     st.blocks += 1
     st.drafted += g
     p_sampling = None if s.sampler.greedy else p
-    if _tiers_off(s) or (pol.gate > 0 and float(p.gather(-1, x[:, None]).min()) < pol.gate):
+    if pol.tiers_off or (pol.gate > 0 and float(p.gather(-1, x[:, None]).min()) < pol.gate):
         st.gated_blocks += 1
         _full_block(s, x, p_sampling, g, 0)
         return

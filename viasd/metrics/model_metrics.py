@@ -51,6 +51,13 @@ def teacher_forced(target, prompt_ids: list[int], tokens: list[int], vocab_size:
             "nll": F.cross_entropy(logits, gold).item(), "tokens": len(tokens)}
 
 
+def score_outputs(target, prompts: list[list[int]], outputs: list[list[int]], vocab_size: int | None = None
+                  ) -> tuple[dict, list[dict | None]]:
+    """`teacher_forced` for each (prompt, output): the token-weighted pool and the per-output scores."""
+    scores = [teacher_forced(target, p, o, vocab_size) for p, o in zip(prompts, outputs)]
+    return pooled(scores), scores
+
+
 def pooled(scores: list[dict | None]) -> dict:
     """Token-weighted `fidelity` and `nll` over several outputs (None where nothing was generated)."""
     parts = [s for s in scores if s]

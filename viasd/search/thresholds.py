@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from ..errors import ViasdError
-from ..metrics.model_metrics import agreement, pooled, teacher_forced
+from ..metrics.model_metrics import agreement, score_outputs
 from ..metrics.quality import QualityConstraints, main_metric, task_drop
 from ..models import ModelSet
 from ..policy import DecodePolicy
@@ -108,10 +108,9 @@ class DevSet:
         """The task's main metric of `texts` against the dev references (None without a task metric)."""
         if self.metric is None or self.models.tokenizer is None:
             return None
-        from ..evaluation import task_quality
+        from ..evaluation import metric_score
 
-        rows = [{"text": t or "", "token_ids": []} for t in texts]
-        return task_quality(replace(self.task, metrics=(self.metric,)), self.examples, rows).get(self.metric)
+        return metric_score(self.task, self.metric, self.examples, texts)
 
     def measure_pass_cost(self) -> dict[str, float]:
         """Seconds per pass of each runner layout (`cost_key`), from the probe decodes of the first two prompts."""
@@ -129,8 +128,8 @@ class DevSet:
         stats = DecodeStats.merge([r.stats for r in results])
         tokens = max(stats.new_tokens, 1)
         agree = sum(agreement(r.token_ids, ref) for r, ref in zip(results, self.reference)) / len(results)
-        scores = pooled([teacher_forced(self.models.target, p, r.token_ids, self.models.vocab_size)
-                         for p, r in zip(self.prompts, results)])
+        scores, _ = score_outputs(self.models.target, self.prompts, [r.token_ids for r in results],
+                                  self.models.vocab_size)
         score = self.task_score([r.text for r in results])
         keys = cost_keys(stats)
         missing = set(keys.values()) - set(self.pass_cost)

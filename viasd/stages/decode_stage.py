@@ -83,15 +83,13 @@ def run_policy(params: Params, pair: str, task: str, run: str | RunSpec) -> Deco
 def score_rows(models, examples, rows: list[dict]) -> dict:
     """Fidelity and the target's NLL of each row's output (one teacher-forced target pass per row, written
     into the row), pooled over the rows by tokens."""
-    from ..metrics.model_metrics import pooled, teacher_forced
+    from ..metrics.model_metrics import score_outputs
 
-    scores = []
-    for example, row in zip(examples, rows):
-        prompt = example.prompt_ids if example.prompt_ids is not None else models.encode(example.prompt)
-        score = teacher_forced(models.target, prompt, row["token_ids"], models.vocab_size)
+    prompts = [e.prompt_ids if e.prompt_ids is not None else models.encode(e.prompt) for e in examples]
+    total, scores = score_outputs(models.target, prompts, [row["token_ids"] for row in rows], models.vocab_size)
+    for row, score in zip(rows, scores):
         row["fidelity"], row["target_nll"] = (score["fidelity"], score["nll"]) if score else (None, None)
-        scores.append(score)
-    return pooled(scores)
+    return total
 
 
 def run_decode_stage(params: Params, pair_name: str, task: str, run: str, limit: int | None = None,

@@ -9,7 +9,6 @@ and its drop in points (`task_drop`), and `agreement`.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 from ..config import Params
 from .decode_stage import StudyInputError, decode_paths
@@ -20,7 +19,7 @@ def eval_path(params: Params, pair: str, task: str, run: str):
 
 
 def run_evaluate_stage(params: Params, pair_name: str, task: str, run: str) -> dict:
-    from ..evaluation import task_quality
+    from ..evaluation import metric_score, task_quality
     from ..io import write_json
     from ..metrics.quality import main_metric, task_drop
     from ..models import load_models, load_tokenizer
@@ -51,10 +50,8 @@ def run_evaluate_stage(params: Params, pair_name: str, task: str, run: str) -> d
     if metric is not None:
         pair = params.pair(pair_name)
         tokenizer = load_tokenizer(pair.target, pair.trust_remote_code)
-        ar_rows = [{"token_ids": r.get("ar_token_ids", r["token_ids"]),
-                    "text": tokenizer.decode(r.get("ar_token_ids", r["token_ids"]), skip_special_tokens=True)}
-                   for r in rows]
-        ar_value = task_quality(replace(spec, metrics=(metric,)), chosen, ar_rows).get(metric)
+        ar_texts = [tokenizer.decode(r.get("ar_token_ids", r["token_ids"]), skip_special_tokens=True) for r in rows]
+        ar_value = metric_score(spec, metric, chosen, ar_texts)
         quality[f"{metric}_ar"] = ar_value
         quality["task_drop"] = task_drop(metric, ar_value, quality.get(metric))
     out = {**summary, "quality": quality, "task_metric": metric}
