@@ -1,7 +1,7 @@
 # Set-up and the two entry points of the README: `make study` (the embedded default study, offline,
 # CPU) and `make test` (the test suite). Both create .venv on first use.
 VENV ?= .venv
-CORES ?= 8
+CORES ?= $(shell nproc)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export HF_HUB_OFFLINE ?= 1
 

@@ -134,3 +134,21 @@ def test_independent_intermediate_from_the_command_line(dirs, pair_dirs, capsys)
     assert code == 0, err
     stats = json.loads(out)["stats"]
     assert "slim" in stats["passes"] and stats["new_tokens"] == len(json.loads(out)["token_ids"])
+
+
+def test_threads_never_exceed_the_cores_given_or_available(monkeypatch):
+    from viasd.cli import threads
+
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert threads.thread_budget({}) == 2
+    assert threads.thread_budget({"OMP_NUM_THREADS": "8"}) == 2  # a job granted 8 on a 2-core machine
+    assert threads.thread_budget({"OMP_NUM_THREADS": "1"}) == 1
+    assert threads.thread_budget({"OMP_NUM_THREADS": "junk"}) == 2
+
+
+def test_a_stage_command_runs_with_the_granted_threads(tmp_path):
+    code = "import sys; from viasd.cli.threads import limit_threads; import torch; " \
+           "limit_threads(); print(torch.get_num_threads())"
+    env = {**os.environ, "OMP_NUM_THREADS": "64"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert int(out.stdout) == len(os.sched_getaffinity(0))

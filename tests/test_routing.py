@@ -46,6 +46,19 @@ def test_slim_view_shares_weights_and_leaves_target_intact(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_hidden_states_are_recorded_once_whichever_model_asks_first(arch):
+    """transformers hooks the layers for `output_hidden_states` on first use; a view asked first must
+    not leave the target recording every layer twice (the early-exit loss reads these states)."""
+    target = random_model(arch)
+    ids = torch.randint(0, 64, (1, 5))
+    view = SlimVerifier(target, RoutingMask.from_layers([0, 2, 3], 4)).model
+    assert len(view(input_ids=ids, use_cache=False, output_hidden_states=True).hidden_states) == 4
+    full = target(input_ids=ids, use_cache=False, output_hidden_states=True).hidden_states
+    assert len(full) == 5
+    assert len(view(input_ids=ids, use_cache=False, output_hidden_states=True).hidden_states) == 4
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_slim_view_equals_a_model_of_the_kept_layers(arch):
     """keep [0, 2] of 4 == a 2-layer model holding copies of layers 0 and 2 (Gemma2: with their
     attention types, sliding window 8 over a 20-token input)."""

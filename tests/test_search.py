@@ -20,9 +20,9 @@ from viasd.routing import RoutingMask
 from viasd.search.calibration import CalibrationError, load_calibration
 from viasd.search.cost import kl, position_costs
 from viasd.search.dimr import MaskCost, SearchError, top_k_mask
-from viasd.search.thresholds import InfeasibleError
+from viasd.search.thresholds import POLICY_KEYS, InfeasibleError
 from viasd.stages.dimr_stage import mask_paths, run_dimr_stage
-from viasd.stages.thresholds_stage import run_thresholds_stage, threshold_paths
+from viasd.stages.thresholds_stage import run_thresholds_stage, threshold_paths, warm_start_points
 from viasd.training.train import train_model
 
 
@@ -199,6 +199,18 @@ def test_thresholds_stage_and_infeasible_constraint(study, tmp_path):
         per, cost = r["dev"]["passes_per_token"], r["pass_cost_s"]
         assert set(per) <= set(cost)
         assert r["dev"]["cost_per_token"] == pytest.approx(sum(per[k] * cost[k] for k in per))
+    # the other slims' searches are shorter (thresholds.ablation_trials), start from the main search's
+    # cheapest feasible tiered policies, and reuse its tiers-off (SD) points instead of decoding them again
+    assert results["main"]["trials"] == 4 and results["mask_random"]["trials"] == 3
+    traces = {slim: [json.loads(line) for line in threshold_paths(params, "stdlib_continuation", slim=slim)["trace"]
+                     .read_text().splitlines()] for slim in results}
+    sd_points = {slim: [t for t in trace if t["tiers_off"]] for slim, trace in traces.items()}
+    assert [(p["gamma"], p["seconds"]) for p in sd_points["mask_random"]] == \
+        [(p["gamma"], p["seconds"]) for p in sd_points["main"]]
+    warm = warm_start_points(params, "smoke", "stdlib_continuation")
+    if warm:
+        first = min((t for t in traces["mask_random"] if not t["tiers_off"]), key=lambda t: t["number"])
+        assert {k: first[k] for k in POLICY_KEYS} == {k: warm[0][k] for k in POLICY_KEYS}
     again = run_thresholds_stage(params, progress=False)  # no-op re-run
     assert again == {slim: {**r, "up_to_date": True} for slim, r in results.items()}
 

@@ -2,6 +2,7 @@
 resumes exactly after being killed, and distils the draft from the target."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -266,3 +267,33 @@ def test_bench_accepts_only_numerical_ties():
         model.lm_head.weight[runner_up] = model.lm_head.weight[top]
     ties = check_outputs(models, [prompt], {"hf_ar": [ref], "ar": [ref], "sd": [[ref[0], runner_up]]})
     assert [(t["method"], t["prompt"], t["position"], t["logit_gap"]) for t in ties] == [("sd", 0, 1, 0.0)]
+
+
+def test_layer_drop_rates_rise_with_depth():
+    from viasd.training.train import drop_rates, kept_layers
+
+    assert drop_rates(4, 0.3) == [0.0, 0.3, 0.3, 0.3]
+    for shape in ("linear", "exp"):
+        rates = drop_rates(12, 0.6, shape)
+        assert rates[0] == 0.0 and abs(rates[-1] - 0.6) < 1e-12
+        assert all(a < b for a, b in zip(rates[1:], rates[2:]))
+    assert drop_rates(12, 0.6, "exp")[6] < drop_rates(12, 0.6, "linear")[6]  # LayerSkip: late layers carry it
+    with pytest.raises(TrainingError, match="layer_drop_shape"):
+        drop_rates(4, 0.3, "cubic")
+    # layer 0 is always kept; a rate rising with depth drops late layers more often than early ones
+    kept = [kept_layers(12, 0.8, step, 0, "target", "exp") for step in range(400)]
+    assert all(k[0] == 0 for k in kept)
+    share = [sum(layer in k for k in kept) / len(kept) for layer in range(12)]
+    assert share[1] > 0.9 and share[11] < 0.35
+
+
+def test_early_exit_and_depth_shaped_layer_drop_train_and_are_recorded(study, tmp_path):
+    _, params = study
+    arch = {**TINY, "layers": 3, "train_tokens": 8000, "layer_drop": 0.5, "layer_drop_shape": "exp",
+            "early_exit": 0.5}
+    fresh = config.load(smoke_params(tmp_path, {"models": {"dir": "models-ee", "families": {"smoke": {"target": arch}}},
+                                                "data": {"dir": str(params.data.dir)}}))
+    out = train_model(fresh, "target", progress=False)
+    report = json.loads((out / "training.json").read_text())
+    assert (report["layer_drop_shape"], report["early_exit"]) == ("exp", 0.5)
+    assert math.isfinite(report["test_nll"]) and report["loss_curve"][-1] < report["loss_curve"][0]

@@ -18,7 +18,7 @@ from .errors import ViasdError
 SCHEMA = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "params.schema.yaml"
 RUN_ABLATIONS = ("mask_random", "mask_truncate", "mask_every_other", "independent", "no_tier2", "cost_path",
                  "cost_target")  # plus gamma_<n> and prefix_<n>; see viasd.stages.runs
-KNOWN_TASKS = ("stdlib_continuation", "humaneval", "cnn_dailymail", "xsum", "wmt14_de_en", "gsm8k",
+KNOWN_TASKS = ("stdlib_continuation", "stdlib_functions", "humaneval", "cnn_dailymail", "xsum", "wmt14_de_en", "gsm8k",
                "natural_questions", "openai_humaneval")
 
 
@@ -124,7 +124,10 @@ class ModelArch:
     train_tokens: int
     lr: float
     kv_heads: int | None = None
-    layer_drop: float = 0.0
+    layer_drop: float = 0.0          # LayerDrop rate (of the last layer when the shape rises with depth)
+    layer_drop_shape: str = "uniform"  # uniform | linear | exp: how the rate rises with depth (layer 0 is kept)
+    early_exit: float = 0.0          # weight of the early-exit loss (the LM head on an intermediate layer)
+    self_distill: float = 0.0        # weight of the sub-network's KL to the full model (with layer_drop)
     distill: bool = False
 
 

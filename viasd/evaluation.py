@@ -78,13 +78,17 @@ def task_quality(task: TaskSpec, examples: list[Example], rows: list[dict], mode
     `agreement` is position-wise agreement with the target's greedy output (`ar_token_ids`, else the
     row's own tokens for `ar` itself); `nll` is the target's mean negative log-likelihood of the
     output (nats/token, needs `models`); `pass_at_1` runs the HumanEval tests in a sandboxed process;
-    the rest are text metrics from `viasd.metrics`.
+    `compiles` and `doctest_pass` check generated function bodies (`viasd.metrics.code_checks`); the
+    rest are text metrics from `viasd.metrics`. Examples that carry a `def_indent` (function bodies)
+    are scored on the body the output holds, cut where its indentation returns to the `def`'s.
     """
-    from .metrics.execution import pass_at_1
+    from .metrics.code_checks import body_end, compiles, doctest_program, function_source
+    from .metrics.execution import pass_at_1, run_program
     from .metrics.model_metrics import agreement, target_nll
     from .metrics.text_metrics import compute
 
-    texts = [row["text"] or "" for row in rows]
+    texts = [body_end(row["text"] or "", e.extra["def_indent"]) if "def_indent" in e.extra else row["text"] or ""
+             for e, row in zip(examples, rows)]
     out: dict = {}
     for name in task.metrics:
         if name == "agreement":
@@ -101,6 +105,15 @@ def task_quality(task: TaskSpec, examples: list[Example], rows: list[dict], mode
                     total += nll * len(row["token_ids"])
                     count += len(row["token_ids"])
             out["nll"] = total / count if count else None
+        elif name == "compiles":
+            ok = [compiles(function_source(e.extra["header"], e.extra["docstring"], t)) for e, t in zip(examples, texts)]
+            out["compiles"] = sum(ok) / max(len(ok), 1)
+        elif name == "doctest_pass":
+            runs = [run_program(doctest_program(e.extra["module"], e.extra["name"],
+                                                function_source(e.extra["header"], e.extra["docstring"], t)),
+                                timeout=10.0).passed
+                    for e, t in zip(examples, texts) if e.extra.get("doctest")]
+            out["doctest_pass"] = sum(runs) / len(runs) if runs else None
         elif name == "pass_at_1":
             out["pass_at_1"] = pass_at_1(examples, texts, task.stop_strings)["pass_at_1"]
         elif name == "exact_match":

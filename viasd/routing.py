@@ -146,6 +146,23 @@ def _view_of(module: nn.Module) -> nn.Module:
     return view
 
 
+def _install_output_hooks(target: nn.Module, path: tuple[str, ...]) -> None:
+    """transformers (5) installs its output-capturing hooks (`output_hidden_states`, attentions) on the
+    layers the first time a model is asked for them, and marks that model object. A view shares the
+    layers but is another object: asked first, it would hook the shared layers, and the target asked
+    later would hook them again and record every hidden state twice. Hooking the target before taking
+    a view lets the view inherit the mark, so the hooks exist once."""
+    try:
+        from transformers.utils.output_capturing import maybe_install_capturing_hooks
+    except ImportError:  # older transformers: outputs are returned by the layers, no hooks
+        return
+    node = target
+    for name in (None, *path[:-1]):
+        node = node if name is None else node._modules[name]
+        if getattr(node, "_can_record_outputs", None):
+            maybe_install_capturing_hooks(node)
+
+
 def _routed_config(config, keep: tuple[int, ...]):
     """A copy of `config` describing the kept layers only; the target's config is left untouched."""
     n = config.num_hidden_layers
@@ -168,6 +185,7 @@ def routed_view(target: nn.Module, keep, config=None, base: bool = False, final_
     """
     path = find_layer_stack(target)
     config = config if config is not None else _routed_config(decoder_config(target), tuple(keep))
+    _install_output_hooks(target, path)
     root = _view_of(target)
     parent = root
     for name in path[:-1]:

@@ -83,6 +83,9 @@ def prepare_data(params: Params, progress: bool = True) -> Path:
                 if name == "stdlib_continuation":
                     examples = builtin.stdlib_continuation(by_split[split], tokenizer, n, cfg.get("prefix_tokens", 128),
                                                            cfg.get("reference_tokens", 128))
+                elif name == "stdlib_functions":
+                    examples = builtin.stdlib_functions(by_split[split], tokenizer, n, cfg.get("max_prompt_tokens", 384),
+                                                        cfg.get("max_new_tokens", 128))
                 elif name == "humaneval":
                     examples = builtin.humaneval(tokenizer, split, cfg.get("dev_prompts", 16),
                                                  cfg.get("test_prompts", 64), cfg.get("max_prompt_tokens", 384))

@@ -30,6 +30,16 @@ def chrf(predictions: list[str], references: list[str]) -> dict:
     return {"chrf": float(sacrebleu.corpus_chrf(predictions, [references]).score)}
 
 
+def edit_sim(predictions: list[str], references: list[str]) -> dict:
+    """Mean edit similarity of each prediction to its reference, in [0, 1]: difflib's
+    `SequenceMatcher.ratio` (2 * matched characters / total characters), the "edit sim" of code
+    completion benchmarks (CodeXGLUE, RepoBench)."""
+    from difflib import SequenceMatcher
+
+    scores = [SequenceMatcher(None, p, r, autojunk=False).ratio() for p, r in zip(predictions, references)]
+    return {"edit_sim": sum(scores) / max(len(scores), 1)}
+
+
 def normalize_answer(text: str) -> str:
     """SQuAD-style: lower case, no punctuation, no articles, single spaces."""
     text = text.lower()

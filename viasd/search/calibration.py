@@ -42,3 +42,31 @@ def log_probs(forward, tokens: torch.Tensor, vocab_size: int, batch_size: int = 
         logits = forward(batch)[..., :vocab_size].float()
         out.append(F.log_softmax(logits, dim=-1).cpu())
     return torch.cat(out)
+
+
+def spread_windows(stream, sequences: int, length: int) -> torch.Tensor:
+    """LongTensor `[n, length]` of windows at evenly spaced offsets of a 1-D token `stream` (numpy or
+    list), `n = min(sequences, len(stream) // length)`: a fixed sample of a whole split."""
+    n = min(sequences, len(stream) // length)
+    if n < 1:
+        raise CalibrationError(f"a stream of {len(stream)} tokens holds no window of {length}")
+    step = (len(stream) - length) // max(1, n - 1) if n > 1 else 0
+    return torch.tensor([list(stream[i * step : i * step + length]) for i in range(n)], dtype=torch.long)
+
+
+@torch.inference_mode()
+def greedy_agreement(reference_logp: torch.Tensor, forward, tokens: torch.Tensor, vocab_size: int,
+                     batch_size: int = 8) -> dict:
+    """Teacher-forced comparison of a model (`forward(input_ids) -> logits`) with a reference whose
+    log-probabilities on `tokens` `[N, T]` are `reference_logp` `[N, T-1, V]`: `agreement` = share of
+    positions where both argmaxes are the same token, `nll` = the model's mean NLL of the real next
+    tokens (nats/token)."""
+    same = total_nll = count = 0.0
+    for start in range(0, tokens.shape[0], batch_size):
+        batch = tokens[start : start + batch_size]
+        logp = log_probs(forward, batch, vocab_size, batch_size)
+        ref = reference_logp[start : start + batch.shape[0]]
+        same += (logp.argmax(-1) == ref.argmax(-1)).sum().item()
+        total_nll -= logp.gather(-1, batch[:, 1:, None].cpu()).sum().item()
+        count += logp.shape[0] * logp.shape[1]
+    return {"agreement": same / count, "nll": total_nll / count}

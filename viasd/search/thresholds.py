@@ -64,6 +64,19 @@ class ThresholdConfig:
     seed: int = 0
 
 
+@dataclass
+class SharedDev:
+    """What every slim's search of one pair, task and engine has in common, computed by the first and
+    reused by the others: the target's greedy dev outputs with their task score and time, and the
+    tiers-off (SD) points, which never run a slim (kept with the per-pass costs they were costed at)."""
+
+    reference: list[list[int]]
+    ar_task: float | None
+    ar_seconds_per_token: float
+    tiers_off: list[dict] | None = None
+    pass_cost: dict | None = None
+
+
 class DevSet:
     """Dev prompts with the target's greedy outputs and their task score, computed once, and the cost
     model's per-pass costs.
@@ -76,7 +89,8 @@ class DevSet:
     `measure_pass_cost` times them here (once, on first need)."""
 
     def __init__(self, models: ModelSet, examples: list[Example], max_new_tokens: int, stop_strings=(),
-                 pass_cost: dict[str, float] | None = None, task: TaskSpec | None = None, engine: dict | None = None):
+                 pass_cost: dict[str, float] | None = None, task: TaskSpec | None = None, engine: dict | None = None,
+                 shared: SharedDev | None = None):
         self.models = models
         self.examples = examples
         self.task = task
@@ -84,11 +98,14 @@ class DevSet:
         self.prompts = [e.prompt_ids if e.prompt_ids is not None else models.encode(e.prompt) for e in examples]
         self.base = DecodePolicy(method="viasd", max_new_tokens=max_new_tokens, stop_strings=tuple(stop_strings),
                                  **(engine or {}))  # engine: cache, compile, reuse (as the decode stage runs)
-        ar = [models.generate(p, replace(self.base, method="ar")) for p in self.prompts]
-        self.reference = [r.token_ids for r in ar]
-        ar_stats = DecodeStats.merge([r.stats for r in ar])
-        self.ar_seconds_per_token = ar_stats.wall_time_s / max(ar_stats.new_tokens, 1)
-        self.ar_task = self.task_score([r.text for r in ar])
+        if shared is None:
+            ar = [models.generate(p, replace(self.base, method="ar")) for p in self.prompts]
+            ar_stats = DecodeStats.merge([r.stats for r in ar])
+            shared = SharedDev([r.token_ids for r in ar], self.task_score([r.text for r in ar]),
+                               ar_stats.wall_time_s / max(ar_stats.new_tokens, 1))
+        self.shared = shared
+        self.reference, self.ar_task = shared.reference, shared.ar_task
+        self.ar_seconds_per_token = shared.ar_seconds_per_token
         self.pass_cost = dict(pass_cost) if pass_cost is not None else None
         self.layouts = {key for probe in self._probes(4)
                         for key in cost_keys(self.models.generate(self.prompts[0], probe).stats).values()}
@@ -186,6 +203,12 @@ def tiers_off_points(dev: DevSet, cfg: ThresholdConfig, study) -> list[dict]:
     """The SD point at every searched gamma (viasd with every tier off), measured once per study."""
     if "tiers_off_points" in study.user_attrs:
         return [{**p, "tau_accept": OFF, "tau_slim": OFF} for p in study.user_attrs["tiers_off_points"]]
+    shared = dev.shared
+    if shared.tiers_off is not None and shared.pass_cost == dev.pass_cost:
+        points = [{**p, "violations": cfg.quality.violations(p)} for p in shared.tiers_off]
+        points = [{**p, "feasible": not p["violations"]} for p in points]
+        study.set_user_attr("tiers_off_points", [{**p, "tau_accept": "inf", "tau_slim": "inf"} for p in points])
+        return points
     points = []
     for gamma in cfg.gamma:
         policy = replace(dev.base, gamma=gamma, tau_accept=OFF, tau_slim=OFF, gate=0.0, max_lag=0)
@@ -194,11 +217,27 @@ def tiers_off_points(dev: DevSet, cfg: ThresholdConfig, study) -> list[dict]:
         measured["seconds"] = time.perf_counter() - start
         points.append(_point(policy, measured, cfg, number=None, tiers_off=True))
     study.set_user_attr("tiers_off_points", [{**p, "tau_accept": "inf", "tau_slim": "inf"} for p in points])
+    shared.tiers_off, shared.pass_cost = points, dict(dev.pass_cost)
     return points
 
 
-def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage: str, study_name: str, progress: bool = True) -> dict:
-    """Run (or continue) the study; returns the best feasible candidate (trials and tiers-off points)."""
+def search_params(point: dict, cfg: ThresholdConfig) -> dict:
+    """The Optuna parameters (`suggest_policy`'s names) of a policy `point` (a trial of another search)."""
+    score = point["score"]
+    out = {"score": score, "gamma": point["gamma"], "confidence": point["confidence"], "tau_slim": point["tau_slim"],
+           "max_lag": point["max_lag"], "verify_lagged": point["verify_lagged"],
+           ("tau_accept_prob" if score in PROBABILITY_SCORES else "tau_accept_ratio"): point["tau_accept"]}
+    if cfg.gate[1] > cfg.gate[0]:
+        out["gate"] = point["gate"]
+    return out
+
+
+def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage: str, study_name: str, progress: bool = True,
+                    warm_start: list[dict] = ()) -> dict:
+    """Run (or continue) the study; returns the best feasible candidate (trials and tiers-off points).
+
+    `warm_start`: policy points (e.g. the best trials of the DIMR slim's search) evaluated first when the
+    study is new, so that a shorter search of another slim starts from what worked."""
     import optuna
     from tqdm.auto import tqdm
 
@@ -214,6 +253,9 @@ def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage: str, study_name:
     sd_points = tiers_off_points(dev, cfg, study)
     complete = optuna.trial.TrialState.COMPLETE
     done = [t for t in study.trials if t.state == complete]
+    if not study.trials:
+        for point in list(warm_start)[: cfg.n_trials]:
+            study.enqueue_trial(search_params(point, cfg), skip_if_exists=True)
     bar = tqdm(total=cfg.n_trials, initial=len(done), desc="threshold search", disable=not progress, unit="trial")
     while len(done) < cfg.n_trials:
         study.sampler = optuna.samplers.TPESampler(seed=cfg.seed * 1_000_003 + len(done),

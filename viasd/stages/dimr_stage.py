@@ -1,7 +1,9 @@
 """`viasd dimr-search`: the DIMR mask of a pair, the baseline masks, trace and plots.
 
 Outputs (one directory per pair, so that a workflow declares one output):
-  models/masks/<pair>/mask.json          the mask the engine loads: keep_layers, cost, budget, seed, trials, times
+  models/masks/<pair>/mask.json          the mask the engine loads: keep_layers, cost, budget, seed, trials, times,
+                                         and `agreement`: teacher-forced greedy agreement with the target (and NLL)
+                                         of the draft, the slim, each baseline slim and the independent model
   models/masks/<pair>/trace.jsonl        every trial: number, phase, kept layers, cost, seconds
   models/masks/<pair>/<baseline>.json    random / truncate / every_other masks of the same budget, with their cost
   models/masks/<pair>/cost-<fn>.json     the cost ablation: the search with the other cost function (+ .trace.jsonl)
@@ -143,11 +145,47 @@ def run_dimr_stage(params: Params, progress: bool = True, pair: Pair | None = No
         write_json(paths[name], {"keep_layers": list(mask.keep_layers), "cost": cost(mask), "cost_fn": cfg.cost,
                                  "num_layers": result.num_layers, "budget_layers": result.budget_layers,
                                  "baseline": name, "seed": cfg.seed})
+    if main:
+        masks = {"slim": result.keep_layers, **{name: baseline_mask(name, result.num_layers, result.budget_layers,
+                                                                   cfg.seed).keep_layers for name in baselines}}
+        out["agreement"] = family_agreement(params, pair, models, masks)
     write_jsonl(paths["trace"], result.trials)
     title = f"DIMR ({cfg.cost} cost), keep {result.budget_layers}/{result.num_layers} layers"
     search_curve(result.trials, paths["curve"], title)
     layer_keep_frequency(result.trials, result.num_layers, paths["layers"], title)
     write_json(paths["mask"], out)  # last: its presence marks a finished search
+    return out
+
+
+def family_agreement(params: Params, pair: Pair, models, masks: dict) -> dict:
+    """Teacher-forced greedy agreement with the target, and NLL, of the draft, each slim of `masks`
+    (name -> kept layers) and the pair's independent model, on windows spread over the corpus's test
+    split (the trained family; hub pairs, whose tokenizer is another, on the calibration set)."""
+    from ..models import load_model
+    from ..routing import RoutingMask, SlimVerifier
+    from ..search.calibration import greedy_agreement, log_probs, spread_windows
+    from ..training.train import load_token_stream
+
+    length, sequences = params.data.calibration_length, params.data.calibration_sequences
+    if pair.trained:
+        split, tokens = "test", spread_windows(load_token_stream(params.data.dir, "test"), sequences, length)
+    else:
+        split, tokens = "calibration", load_calibration(params.data.dir / "calibration.parquet")
+    target = models.target
+    device = next(target.parameters()).device
+    tokens = tokens.to(device)
+    vocab = models.vocab_size
+    ref = log_probs(lambda ids: target(input_ids=ids, use_cache=False).logits, tokens, vocab)
+    forwards = {"target": target, "draft": models.draft}
+    n = target.config.num_hidden_layers
+    forwards.update({name: SlimVerifier(target, RoutingMask.from_layers(keep, n)).model for name, keep in masks.items()})
+    if pair.independent:
+        forwards["independent"] = load_model(pair.independent, device=str(device), dtype=pair.dtype,
+                                             trust_remote_code=pair.trust_remote_code)
+    out = {"split": split, "tokens": int(tokens.shape[0] * (tokens.shape[1] - 1))}
+    for name, model in forwards.items():
+        scores = greedy_agreement(ref, lambda ids, m=model: m(input_ids=ids, use_cache=False).logits, tokens, vocab)
+        out[name] = {k: round(v, 4) for k, v in scores.items()}
     return out
 
 

@@ -9,6 +9,9 @@ Outputs under reports/:
   tables/<pair>-<task>-slims.md, .csv    the slim verifiers on the dev split, each with the thresholds
                                          tuned for it under the same quality constraint (DIMR vs baselines
                                          at equal quality)
+  tables/<pair>-family.md, .csv          the pair's models and slims: shape, parameters, training tokens and
+                                         time, test NLL, teacher-forced greedy agreement with the target, DIMR cost
+  tables/stage-times.md                  wall time per workflow rule, from Snakemake's benchmarks/ (when present)
   summary.md                             every table, with links to the plots (also those of dimr-search:
                                          reports/dimr/<pair>/search.png and layers.png)
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from pathlib import Path
 
 from ..config import Params
 from ..io import write_text
@@ -56,7 +60,87 @@ def report_paths(params: Params) -> dict:
             out[f"{key}-slims.md"] = base / "tables" / f"{key}-slims.md"
             out[f"{key}-slims.csv"] = base / "tables" / f"{key}-slims.csv"
             out[f"{key}-positions.md"] = base / "tables" / f"{key}-positions.md"
+    for pair in params.study["pairs"]:
+        out[f"{pair}-family.md"] = base / "tables" / f"{pair}-family.md"
+        out[f"{pair}-family.csv"] = base / "tables" / f"{pair}-family.csv"
+    out["stage-times"] = base / "tables" / "stage-times.md"
     return out
+
+
+FAMILY_COLUMNS = (("model", "model"), ("shape", "layers × hidden"), ("parameters", "parameters"),
+                  ("train_tokens", "training tokens"), ("train_seconds", "training s"), ("test_nll", "test NLL"),
+                  ("nll_vs_target", "NLL − target's"), ("agreement", "greedy agreement with target"),
+                  ("dimr_cost", "DIMR cost"))
+
+
+def family_rows(params: Params, pair: str) -> list[dict]:
+    """The pair's models (training reports of the trained family) and slims (kept layers, DIMR cost),
+    each with its teacher-forced greedy agreement with the target (measured by `viasd dimr-search`)."""
+    from .dimr_stage import mask_paths
+
+    spec = params.pair(pair)
+    paths = mask_paths(params, pair)
+    if not paths["mask"].exists():
+        raise StudyInputError(f"no DIMR mask {paths['mask']}: run `viasd dimr-search --pair {pair}` first")
+    mask = json.loads(paths["mask"].read_text())
+    agreement = mask.get("agreement") or {}
+    rows = []
+    for role in ("target", "draft", "independent"):
+        source = getattr(spec, role)
+        if source is None:
+            continue
+        row = {"model": role, "shape": None, "parameters": None, "train_tokens": None, "train_seconds": None,
+               "test_nll": None, "dimr_cost": None}
+        report = Path(source) / "training.json"
+        config = Path(source) / "config.json"
+        if report.exists():
+            t = json.loads(report.read_text())
+            row.update(parameters=t["parameters"], train_tokens=t["tokens"], train_seconds=t["train_seconds"],
+                       test_nll=t["test_nll"])
+        if config.exists():
+            c = json.loads(config.read_text())
+            row["shape"] = f"{c.get('num_hidden_layers')} × {c.get('hidden_size')}"
+        rows.append(row)
+    n = mask.get("num_layers")
+    slims = [("slim (DIMR)", mask)] + [(f"slim ({b})", json.loads(paths[b].read_text()))
+                                        for b in ("random", "truncate", "every_other") if paths[b].exists()]
+    for name, m in slims:
+        rows.append({"model": name, "shape": f"{len(m['keep_layers'])} of {n}: {' '.join(map(str, m['keep_layers']))}",
+                     "parameters": None, "train_tokens": None, "train_seconds": None, "test_nll": None,
+                     "dimr_cost": m.get("cost")})
+    keys = {"target": "target", "draft": "draft", "independent": "independent", "slim (DIMR)": "slim",
+            "slim (random)": "random", "slim (truncate)": "truncate", "slim (every_other)": "every_other"}
+    base = (agreement.get("target") or {}).get("nll")
+    for row in rows:
+        measured = agreement.get(keys[row["model"]]) or {}
+        row["agreement"] = measured.get("agreement")
+        nll = measured.get("nll")
+        row["nll_vs_target"] = None if nll is None or base is None else round(nll - base, 4)
+    return rows
+
+
+def family_table(rows: list[dict]) -> str:
+    lines = ["| " + " | ".join(label for _, label in FAMILY_COLUMNS) + " |", "|" + "---|" * len(FAMILY_COLUMNS)]
+    lines += ["| " + " | ".join(_fmt(r[k]) for k, _ in FAMILY_COLUMNS) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def stage_times(benchmarks: Path) -> str | None:
+    """Wall time per rule (sum and count of its jobs) from Snakemake's `benchmark:` files, or None."""
+    files = sorted(benchmarks.rglob("*.tsv")) if benchmarks.is_dir() else []
+    totals: dict[str, list[float]] = {}
+    for f in files:
+        rows = list(csv.DictReader(io.StringIO(f.read_text()), delimiter="\t"))
+        if rows and "s" in rows[-1]:
+            rule = f.relative_to(benchmarks).parts[0].removesuffix(".tsv")
+            totals.setdefault(rule, []).append(float(rows[-1]["s"]))
+    if not totals:
+        return None
+    lines = ["| rule | jobs | wall s (sum) | longest job s |", "|---|---|---|---|"]
+    for rule, secs in sorted(totals.items(), key=lambda kv: -sum(kv[1])):
+        lines.append(f"| {rule} | {len(secs)} | {sum(secs):.0f} | {max(secs):.0f} |")
+    lines.append(f"| all | {sum(map(len, totals.values()))} | {sum(map(sum, totals.values())):.0f} | |")
+    return "\n".join(lines) + "\n"
 
 
 SLIM_COLUMNS = (("slim", "slim"), ("layers", "kept layers"), ("tiers_off", "tiers off (= SD)"), ("gamma", "γ"),
@@ -198,6 +282,19 @@ def run_report_stage(params: Params) -> dict:
         headline[key] = {e["run"]: {"speedup_vs_ar": e.get("speedup_vs_ar"), "rejection_rate": e.get("rejection_rate"),
                                     **{k: e["quality"].get(k) for k in QUALITY_FIRST}} for e in evals}
     for pair in params.study["pairs"]:
-        summary.append(f"DIMR search of `{pair}`: ![search](dimr/{pair}/search.png) ![layers](dimr/{pair}/layers.png)\n")
+        family = family_rows(params, pair)
+        table = family_table(family)
+        write_text(paths[f"{pair}-family.md"], f"# {pair}: models and slims\n\n{table}")
+        write_text(paths[f"{pair}-family.csv"], csv_table(family))
+        summary += [f"## The models and slims of `{pair}`\n",
+                    "Agreement = share of positions of held-out text where the model's greedy token equals the "
+                    "target's (teacher-forced); NLL − target's on the same tokens. What the tiers need: a slim "
+                    "much closer to the target than the draft is.\n", table,
+                    f"DIMR search of `{pair}`: ![search](dimr/{pair}/search.png) ![layers](dimr/{pair}/layers.png)\n"]
+    times = stage_times(params.models_dir.parent / "benchmarks")
+    if times:
+        write_text(paths["stage-times"], f"# Wall time per workflow rule (Snakemake benchmarks/)\n\n{times}")
+        summary += ["## Stage times\n", "Wall time per workflow rule, from Snakemake's `benchmarks/` (the report's "
+                    "own job is not yet in it):\n", times]
     write_text(paths["summary"], "\n".join(summary))
     return {"tables": len(by_cell), "runs": sum(len(v) for v in by_cell.values()), "headline": headline}

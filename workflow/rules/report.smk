@@ -3,10 +3,13 @@ rule report:
     input:
         evals=eval_files(),
         dimr=expand(f"{REPORTS}/dimr/{{pair}}", pair=STUDY["pairs"]),
+        # the family table: the masks' agreement figures (the models' training reports come with them)
+        masks=expand(f"{MODELS}/masks/{{pair}}", pair=STUDY["pairs"]),
         thresholds=expand(f"{MODELS}/thresholds/{{pair}}-{{task}}", pair=STUDY["pairs"], task=STUDY["tasks"]),
     output:
         summary=report(f"{REPORTS}/summary.md", category="Summary"),
         tables=expand(f"{REPORTS}/tables/{{pair}}-{{task}}{{kind}}.{{ext}}", pair=STUDY["pairs"], task=STUDY["tasks"], kind=["", "-slims"], ext=["md", "csv"]),
+        family=expand(f"{REPORTS}/tables/{{pair}}-family.{{ext}}", pair=STUDY["pairs"], ext=["md", "csv"]),
         positions=expand(f"{REPORTS}/tables/{{pair}}-{{task}}-positions.md", pair=STUDY["pairs"], task=STUDY["tasks"]),
         frontier=report(
             expand(f"{REPORTS}/plots/{{pair}}-{{task}}-frontier.png", pair=STUDY["pairs"], task=STUDY["tasks"]),
