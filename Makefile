@@ -5,7 +5,7 @@ CORES ?= $(shell nproc)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup study smoke test
+.PHONY: setup study smoke test lint quick
 setup: $(VENV)/.installed
 
 # torch first and pinned: 2.13.0 is the CPU build this project's machines carry; a newer one pulls CUDA.
@@ -24,3 +24,10 @@ smoke: setup
 
 test: setup
 	python -m pytest -q
+
+lint: setup
+	ruff check .
+
+# the quick loop while developing: everything but the tests marked slow (the workflow runs)
+quick: setup
+	python -m pytest -q -m "not slow"

@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 import transformers as tf
-
 from tiny_models import build_model, build_tokenizer
+
 from viasd.cli import main
 
 

@@ -3,7 +3,7 @@ the metrics that tell a good body from a bad one (text similarity, compiling, th
 
 from __future__ import annotations
 
-from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from viasd.data.corpus import SourceFile

@@ -2,8 +2,8 @@
 
 import pytest
 import yaml
-
 from study_fixtures import REPO, smoke_params
+
 from viasd import config
 from viasd.config import ConfigError
 

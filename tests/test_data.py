@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-
 from study_fixtures import smoke_params
+
 from viasd import config
 from viasd.data.corpus import SPLITS, split_of, stdlib_files
 from viasd.data.prepare import prepare_data

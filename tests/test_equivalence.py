@@ -4,8 +4,8 @@ including an EOS that falls inside a block."""
 
 import pytest
 import torch
-
 from conftest import PROMPTS
+
 from viasd import DecodePolicy
 
 MAIN_ARCHS = ["llama", "qwen2", "gpt2", "gpt_neox"]

@@ -1,8 +1,8 @@
 """Quality three ways: fidelity counts a lossy token once; task drop in points; the constraints."""
 
 import pytest
-
 from conftest import PROMPTS
+
 from viasd import DecodePolicy
 from viasd.metrics.model_metrics import agreement, pooled, teacher_forced
 from viasd.metrics.quality import QualityConstraints, main_metric, points, task_drop

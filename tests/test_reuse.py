@@ -4,9 +4,9 @@ import logging
 import math
 
 import pytest
-
 from conftest import PROMPTS
 from test_stats import check_accounting
+
 from viasd import DecodePolicy
 from viasd.reuse import SharedPrefix, prefix_length
 from viasd.routing import RoutingMask, SlimVerifier

@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 import transformers as tf
-
 from tiny_models import ARCHS, config_for
+
 from viasd.errors import MaskError, UnsupportedArchitectureError
 from viasd.routing import RoutingMask, SlimVerifier, evenly_spaced_mask, find_layer_stack, shares_storage
 

@@ -12,8 +12,8 @@ import time
 import optuna
 import pytest
 import torch
-
 from study_fixtures import smoke_params
+
 from viasd import config, load_models
 from viasd.data.prepare import prepare_data
 from viasd.routing import RoutingMask

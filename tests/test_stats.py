@@ -1,8 +1,8 @@
 """Statistics add up exactly, caches keep per-block work bounded, and tiers save full passes."""
 
 import pytest
-
 from conftest import PROMPTS
+
 from viasd import DecodePolicy, SamplingConfig
 from viasd.routing import RoutingMask
 
@@ -132,6 +132,7 @@ def test_stats_json_and_summary(model_sets, tokenizer):
 def test_independent_intermediate_model(tokenizer, pair_dirs, tmp_path):
     """The independent ablation: a separately trained model in the slim verifier's place."""
     from tiny_models import build_tokenizer
+
     from viasd import load_models
     from viasd.engine import decode
     from viasd.errors import VocabularyMismatchError

@@ -3,9 +3,9 @@
 import math
 
 import pytest
-
 from conftest import PROMPTS
 from test_stats import MODES, check_accounting
+
 from viasd import DecodePolicy
 from viasd.errors import PolicyError
 

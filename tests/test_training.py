@@ -64,6 +64,7 @@ def _weights(path):
     return load_file(str(path / "model.safetensors"))
 
 
+@pytest.mark.slow
 def test_killed_training_resumes_to_the_same_weights(study, tmp_path):
     src_tmp, params = study
     override = {"models": {"dir": "models-resume", "families": {"smoke": {"target": TINY}}},

@@ -127,6 +127,7 @@ def _check_outputs_whole(repo: Path) -> int:
     return checked
 
 
+@pytest.mark.slow
 def test_smoke_study_killed_resumed_tracked_and_reported(repo):
     """One parallel smoke run killed mid-decode, then completed; no half-written output, each stage run
     exactly once in MLflow (also through `mlflow ui`'s REST API), the report built, a re-run is a no-op."""
@@ -158,6 +159,17 @@ def test_smoke_study_killed_resumed_tracked_and_reported(repo):
     slims = (repo / "reports-smoke" / "tables" / "smoke-stdlib_continuation-slims.md").read_text()
     assert all(f"| {slim} |" in slims for slim in ("main", "mask_random", "independent"))
     assert (repo / "reports-smoke" / "thresholds" / "smoke-stdlib_continuation" / "mask_random.png").exists()
+    # the family table: every model and slim with its measured agreement with the target; the stage times
+    family = (repo / "reports-smoke" / "tables" / "smoke-family.csv").read_text().splitlines()
+    rows = {line.split(",")[0]: line.split(",") for line in family[1:]}
+    assert set(rows) == {"target", "draft", "independent", "slim (DIMR)", "slim (random)", "slim (truncate)",
+                         "slim (every_other)"}
+    header = family[0].split(",")
+    assert float(rows["target"][header.index("agreement")]) == 1.0
+    assert 0 < float(rows["draft"][header.index("agreement")]) < 1
+    assert float(rows["target"][header.index("train_seconds")]) > 0
+    times = (repo / "reports-smoke" / "tables" / "stage-times.md").read_text()
+    assert "| train_model | 3 |" in times and "| decode |" in times
 
     again = snakemake(repo, "--cores", "2", "all", *SMOKE)
     assert "Nothing to be done" in again.stdout + again.stderr
@@ -214,6 +226,7 @@ def _stages_run(output: str) -> set[str]:
 DVC_RUNS = ["ar", "sd", "viasd"]  # DVC runs stages one at a time: a smaller grid than the Snakemake test's
 
 
+@pytest.mark.slow
 def test_dvc_repro_reruns_only_what_a_parameter_change_touches(repo):
     (repo / "grid.yaml").write_text(yaml.safe_dump({"study": {"runs": DVC_RUNS}}))
     run([str(BIN / "viasd"), "resolve-params", "--config", "config/smoke.yaml", "--config", "grid.yaml",

@@ -92,7 +92,7 @@ class PeakMemory:
             self.mb = torch.cuda.max_memory_allocated(self.device) / 2**20
         else:
             try:
-                line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmHWM"))
+                line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmHWM"))
                 self.mb = int(line.split()[1]) / 1024
             except (OSError, StopIteration):
                 self.mb = None

@@ -1,5 +1,5 @@
 """`params.yaml`: loaded once, merged with optional override files, validated against
-`workflow/schemas/params.schema.yaml`, and parsed into typed, frozen objects.
+`viasd/schemas/params.schema.yaml` (shipped with the package), and parsed into typed, frozen objects.
 
 Every problem is a `ConfigError` naming the file and the key, e.g.
 `params.yaml: models.families.default.target.layers: 'twelve' is not of type 'integer'`.
@@ -15,7 +15,7 @@ import yaml
 
 from .errors import ViasdError
 
-SCHEMA = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "params.schema.yaml"
+SCHEMA = Path(__file__).resolve().parent / "schemas" / "params.schema.yaml"  # package data
 RUN_ABLATIONS = ("mask_random", "mask_truncate", "mask_every_other", "independent", "no_tier2", "cost_path",
                  "cost_target")  # plus gamma_<n> and prefix_<n>; see viasd.stages.runs
 KNOWN_TASKS = ("stdlib_continuation", "stdlib_functions", "humaneval", "cnn_dailymail", "xsum", "wmt14_de_en", "gsm8k",

@@ -17,9 +17,9 @@ from torch import nn
 
 from .compilation import compiled
 from .errors import PolicyError, PromptError
-from .policy import DecodePolicy
 from .intermediate import IndependentVerifier
 from .kv_cache import model_cache
+from .policy import DecodePolicy
 from .routing import SlimVerifier
 from .runner import ModelRunner
 from .sampling import Sampler

@@ -104,26 +104,48 @@ def output_vocab(model: nn.Module) -> int:
     return model.get_output_embeddings().weight.shape[0]
 
 
-def shared_vocab_size(target: nn.Module, draft: nn.Module | None, tokenizer=None, draft_tokenizer=None) -> int:
-    """The vocabulary the models agree on; logits are cut to it (embeddings are often padded).
+def _regular_size(tokenizer) -> int:
+    """1 + the largest id of a token that is not an added (special) token: the ids a model must emit."""
+    added = set(getattr(tokenizer, "added_tokens_decoder", None) or {})
+    ids = [i for i in tokenizer.get_vocab().values() if i not in added]
+    return max(ids) + 1 if ids else 0
 
-    Refuses a draft whose tokenizer maps any token differently, or, without tokenizers, whose output
-    layer differs in size from the target's.
+
+def _mismatched_ids(tokenizer, draft_tokenizer, limit: int) -> list[tuple[int, str, str]]:
+    """Ids below `limit` that the two tokenizers map to different tokens (an id only one knows is not a
+    mismatch: decoding reads the target's tokenizer)."""
+    target_map = {i: t for t, i in tokenizer.get_vocab().items() if i < limit}
+    draft_map = {i: t for t, i in draft_tokenizer.get_vocab().items() if i < limit}
+    return sorted((i, target_map[i], draft_map[i]) for i in target_map.keys() & draft_map.keys()
+                  if target_map[i] != draft_map[i])
+
+
+def shared_vocab_size(target: nn.Module, draft: nn.Module | None, tokenizer=None, draft_tokenizer=None) -> int:
+    """The ids both models can emit and decoding uses; logits are cut to it (embeddings are often padded).
+
+    What decoding relies on is checked, not the tokenizers' lengths: over the ids both output layers
+    can emit, the two tokenizers must map every id they both know to the same token, and every regular
+    (non-added) token of the target's tokenizer must be an id the models can emit. An added special
+    token beyond the output layers (Qwen2's tokenizer class adds one on load) is not a mismatch: no
+    model can emit it. Without tokenizers the output layers must have the same size.
     """
     v_target = output_vocab(target)
     if draft is None:
         return min(v_target, len(tokenizer)) if tokenizer is not None else v_target
     v_draft = output_vocab(draft)
     if tokenizer is not None and draft_tokenizer is not None:
-        if tokenizer.get_vocab() != draft_tokenizer.get_vocab():
+        emit = min(v_target, v_draft)
+        bad = _mismatched_ids(tokenizer, draft_tokenizer, emit)
+        if bad:
+            shown = "; ".join(f"id {i} is {a!r} for the target, {b!r} for the draft" for i, a, b in bad[:3])
             raise VocabularyMismatchError(
-                f"the draft's vocabulary ({len(draft_tokenizer)} tokens) differs from the target's "
-                f"({len(tokenizer)} tokens): speculative decoding needs one shared tokenizer"
-            )
-        n = len(tokenizer)
-        if v_target < n or v_draft < n:
-            raise VocabularyMismatchError(f"the tokenizer has {n} tokens but a model's output layer has only {min(v_target, v_draft)}")
-        return n
+                f"the draft's tokenizer maps {len(bad)} of the ids both models emit to other tokens than the "
+                f"target's ({shown}): speculative decoding needs one shared vocabulary")
+        regular = _regular_size(tokenizer)
+        if regular > emit:
+            raise VocabularyMismatchError(
+                f"the tokenizer has {regular} regular tokens but a model's output layer has only {emit}")
+        return min(emit, len(tokenizer))
     if v_target != v_draft:
         raise VocabularyMismatchError(
             f"the draft's output vocabulary ({v_draft}) differs from the target's ({v_target}): "
@@ -228,6 +250,7 @@ def load_models(target: str | Path, draft: str | Path | None = None, masks: Sequ
 
 def _optional_tokenizer(name_or_path, trust_remote_code: bool):
     path = Path(str(name_or_path)).expanduser()
-    if path.is_dir() and not any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")):
+    files = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+    if path.is_dir() and not any((path / f).exists() for f in files):
         return None
     return load_tokenizer(name_or_path, trust_remote_code)

@@ -10,8 +10,8 @@ Higher is always better. Shapes: `q_slim`, `p`: `[g, V]` probabilities at the bl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

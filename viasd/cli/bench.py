@@ -74,7 +74,8 @@ def _bench(args) -> int:
             print(json.dumps(point))
         print(out["files"]["json"])
         return 0
-    result = run_bench_stage(params, pair.name, args.task, chosen or list(HF + OURS), args.prompts, args.max_new_tokens, args.repeats,
+    result = run_bench_stage(params, pair.name, args.task, chosen or list(HF + OURS), args.prompts, args.max_new_tokens,
+                             args.repeats,
                              args.gamma, args.device, args.dtype, engine=engine)
     for name, row in result["methods"].items():
         tps = row["tokens_per_second"]

@@ -102,7 +102,8 @@ def _generate(args) -> int:
         sampling=SamplingConfig(args.temperature, args.top_k, args.top_p), seed=args.seed,
         stop_strings=tuple(args.stop), score=args.score, confidence=args.confidence, max_lag=args.max_lag,
         gate=args.gate, verify_lagged=args.verify_lagged,
-        cache=args.cache, compile=args.compile, reuse=args.reuse, rule=args.rule, alpha=args.alpha, gamma_slim=args.gamma_slim, **tau,
+        cache=args.cache, compile=args.compile, reuse=args.reuse, rule=args.rule, alpha=args.alpha,
+        gamma_slim=args.gamma_slim, **tau,
     )
     draft = args.draft if args.method != "ar" else None
     models = load_models(args.target, draft=draft, device=args.device, dtype=args.dtype,

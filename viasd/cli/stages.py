@@ -4,7 +4,6 @@ rules, DVC stages and a person at a shell."""
 from __future__ import annotations
 
 import argparse
-
 import json
 import sys
 from pathlib import Path
@@ -97,12 +96,13 @@ def _dimr_search_one(args, params, pair, **overrides) -> None:
     prefix = out["config"].get("keep_prefix", 0)
     track(args, params, "dimr_search", f"dimr_search/{pair.name}/{out['cost_fn']}" + (f"-prefix{prefix}" if prefix else ""),
           out["config"],
-           {"up_to_date": out.get("up_to_date", False)} | {k: out[k] for k in ("cost", "best_random_cost", "trials", "search_seconds", "reference_seconds",
-                                "forward_passes", "budget_layers")},
-           {"keep_layers": ",".join(map(str, out["keep_layers"])), "cost_fn": out["cost_fn"]},
-           [p for k, p in paths.items() if k != "storage"],
-           {"trial_cost": [t["cost"] for t in sorted(trace, key=lambda t: t["number"])]},
-           inputs=input_files(params, pair) | {"data.calibration": params.data.dir / "calibration.parquet"})
+          {"up_to_date": out.get("up_to_date", False)}
+          | {k: out[k] for k in ("cost", "best_random_cost", "trials", "search_seconds", "reference_seconds",
+                                 "forward_passes", "budget_layers")},
+          {"keep_layers": ",".join(map(str, out["keep_layers"])), "cost_fn": out["cost_fn"]},
+          [p for k, p in paths.items() if k != "storage"],
+          {"trial_cost": [t["cost"] for t in sorted(trace, key=lambda t: t["number"])]},
+          inputs=input_files(params, pair) | {"data.calibration": params.data.dir / "calibration.parquet"})
     print(json.dumps({k: out[k] for k in ("cost_fn", "keep_layers", "cost", "best_random_cost", "trials",
                                           "search_seconds")}))
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 MODULES = Path(__file__).parent / "modules"
@@ -10,7 +10,7 @@ MODULES = Path(__file__).parent / "modules"
 TEXT_METRICS = tuple(sorted(d.name for d in MODULES.iterdir() if (d / f"{d.name}.py").is_file()))
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_metric(name: str):
     import evaluate
 

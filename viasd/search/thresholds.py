@@ -4,7 +4,8 @@ Searched: `gamma`, the score (tier 1) with a `tau_accept` range that suits it (a
 log scale, a probability on [0, 1]), the confidence (tier 2) and `tau_slim`, the draft gate (tier 0),
 `max_lag` and `verify_lagged`. Objective: cost per generated token under the cost model
 `(draft passes * c_p + slim passes * c_s + full passes * c_q) / tokens`, with per-pass costs `c`
-measured on this machine for each runner layout (with reuse, the shared trunk and the two rests); the measured wall time per token is recorded beside it. Constraints
+measured on this machine for each runner layout (with reuse, the shared trunk and the two rests); the
+measured wall time per token is recorded beside it. Constraints
 (`metrics.quality.QualityConstraints`): fidelity, the task metric's drop against `ar` on the same
 prompts, optionally agreement.
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from ..config import Pair, Params
 from ..io import write_json, write_jsonl
-from ..search.plots import speed_quality
 from ..metrics.quality import QualityConstraints
+from ..search.plots import speed_quality
 from ..search.thresholds import POLICY_KEYS, DevSet, ThresholdConfig, tune_thresholds
 from ..tasks import get_task, load_examples
 from .dimr_stage import optuna_storage, study_name
@@ -32,8 +32,9 @@ from .slims import load_run_models, mask_file, slim_description, slim_spec, slim
 
 log = logging.getLogger(__name__)
 
+# keys of the `thresholds` section that are not search settings
 NOT_SEARCHED = ("task", "dev_prompts", "per_slim", "ablation_trials")
-WARM_START = 4  # an ablation slim's search first tries the DIMR slim's cheapest feasible tiered policies  # keys of the `thresholds` section that are not search settings
+WARM_START = 4  # an ablation slim's search first tries the DIMR slim's cheapest feasible tiered policies
 
 
 def threshold_config(params: Params) -> ThresholdConfig:

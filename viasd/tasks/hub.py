@@ -11,8 +11,8 @@ The local files must have the hub dataset's schema (the same column names).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .base import Example, TaskError, TaskSpec
 from .builtin import HUMANEVAL_STOPS

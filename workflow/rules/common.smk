@@ -1,5 +1,5 @@
 # Validation and input functions shared by the rules. The parameters are validated by the same code
-# the `viasd` commands use (workflow/schemas/params.schema.yaml plus cross-key checks), so a
+# the `viasd` commands use (viasd/schemas/params.schema.yaml, package data, plus cross-key checks), so a
 # malformed params.yaml stops the workflow before any job runs, naming the key.
 from pathlib import Path
 

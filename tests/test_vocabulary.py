@@ -1,0 +1,62 @@
+"""The shared-vocabulary check compares what decoding relies on — the token -> id map over the ids
+both models can emit — not the tokenizers' lengths."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import transformers as tf
+from tiny_models import build_tokenizer, config_for
+
+from viasd import DecodePolicy, load_models
+from viasd.errors import VocabularyMismatchError
+
+
+def save_pair(root, tokenizer, target_arch="qwen2", draft_arch="llama"):
+    dirs = {}
+    for role, arch in (("target", target_arch), ("draft", draft_arch)):
+        d = root / role
+        tf.AutoModelForCausalLM.from_config(config_for(arch, 2, len(tokenizer), 0)).save_pretrained(d)
+        tokenizer.save_pretrained(d)
+        dirs[role] = d
+    return dirs
+
+
+def test_an_added_special_token_no_model_can_emit_is_not_a_mismatch(tmp_path):
+    tok = build_tokenizer(tmp_path / "tok", vocab_size=300)
+    dirs = save_pair(tmp_path, tok)
+    # the target's tokenizer gains a special token on load (as Qwen2's tokenizer class does)
+    extended = tf.AutoTokenizer.from_pretrained(dirs["target"])
+    extended.add_special_tokens({"additional_special_tokens": ["<|extra|>"]})
+    extended.save_pretrained(dirs["target"])
+    assert len(tf.AutoTokenizer.from_pretrained(dirs["target"])) == len(tok) + 1
+    models = load_models(dirs["target"], draft=dirs["draft"], device="cpu")
+    assert models.vocab_size == len(tok)
+    out = models.generate(models.encode("def f():"), DecodePolicy(method="sd", max_new_tokens=6, eos_token_ids=()))
+    assert len(out.token_ids) == 6
+
+
+def test_a_tokenizer_that_maps_ids_to_other_tokens_is_refused(tmp_path):
+    tok = build_tokenizer(tmp_path / "tok", vocab_size=300)
+    dirs = save_pair(tmp_path, tok)
+    path = dirs["draft"] / "tokenizer.json"
+    data = json.loads(path.read_text())
+    vocab = data["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[100:102]  # swap two ordinary tokens' ids in the draft's tokenizer
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    path.write_text(json.dumps(data))
+    with pytest.raises(VocabularyMismatchError, match=r"maps 2 of the ids both models emit to other tokens"):
+        load_models(dirs["target"], draft=dirs["draft"], device="cpu")
+
+
+def test_regular_tokens_beyond_the_output_layer_are_refused(tmp_path):
+    tok = build_tokenizer(tmp_path / "tok", vocab_size=300)
+    dirs = save_pair(tmp_path, tok)
+    bigger = build_tokenizer(tmp_path / "big", vocab_size=400)
+    for role in ("target", "draft"):
+        shutil.copytree(tmp_path / "big", dirs[role], dirs_exist_ok=True)
+    with pytest.raises(VocabularyMismatchError, match="regular tokens but a model's output layer has only 300"):
+        load_models(dirs["target"], draft=dirs["draft"], device="cpu")
+    assert len(bigger) == 400
