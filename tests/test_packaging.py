@@ -24,9 +24,9 @@ def test_non_editable_install_validates_params_and_loads_metrics(tmp_path):
     (run_dir / "params.yaml").write_text((REPO / "params.yaml").read_text())
     code = ("import viasd, json; from viasd.cli import main; "
             "from viasd.metrics.text_metrics import compute; "
-            "assert viasd.__file__.startswith(%r), viasd.__file__; "
+            f"assert viasd.__file__.startswith({str(target)!r}), viasd.__file__; "
             "print(json.dumps(compute('edit_sim', ['ab'], ['ab']))); "
-            "raise SystemExit(main(['resolve-params', '--params', 'params.yaml']))" % str(target))
+            "raise SystemExit(main(['resolve-params', '--params', 'params.yaml']))")
     env = {**os.environ, "PYTHONPATH": str(target)}
     out = subprocess.run([sys.executable, "-c", code], cwd=run_dir, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
