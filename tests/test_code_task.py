@@ -107,5 +107,21 @@ def test_doctests_of_a_real_stdlib_function_run_in_the_sandbox():
     assert not run_program(doctest_program("fractions", "f", bad)).passed
 
 
+def test_real_stdlib_functions_with_doctests_are_checked_by_running_them():
+    from viasd.data.corpus import stdlib_root
+
+    root = stdlib_root()
+    files = [SourceFile(p, "test", "0", (root / p).read_text()) for p in ("statistics.py", "textwrap.py", "fractions.py")]
+    ex = stdlib_functions(files, byte_tokenizer(), 12, 4000, 400)
+    assert len(ex) == 12 and len({e.id.split(":")[0] for e in ex}) == 3  # spread over the files
+    marked = [e for e in ex if e.extra["doctest"]]
+    assert 1 <= len(marked) <= 3  # doctest functions first, at most a quarter
+    task = get_task("stdlib_functions")
+    real = task_quality(task, marked, [{"text": e.reference, "token_ids": [1]} for e in marked])
+    wrong = task_quality(task, marked, [{"text": " " * (e.extra["def_indent"] + 4) + "return None\n", "token_ids": [1]}
+                                        for e in marked])
+    assert real["doctest_pass"] == 1.0 and wrong["doctest_pass"] == 0.0 and wrong["compiles"] == 1.0
+
+
 def test_edit_similarity():
     assert scoring.edit_sim(["abcd", "xx"], ["abcd", "yy"])["edit_sim"] == 0.5

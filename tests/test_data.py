@@ -38,6 +38,23 @@ def test_rerun_gives_byte_identical_outputs(prepared, tmp_path):
             "tasks/stdlib_continuation/dev.jsonl", "tasks/humaneval/test.jsonl"} <= set(first)
 
 
+def test_task_prompts_are_prepared_apart_from_the_corpus(prepared, tmp_path):
+    from viasd.data.prepare import prepare_corpus, prepare_tasks
+    from viasd.tasks import TaskError
+
+    params = config.load(smoke_params(tmp_path, {"tasks": {"stdlib_continuation": {"test_prompts": 2}}}))
+    with pytest.raises(TaskError, match="run `viasd prepare-data --only corpus` first"):
+        prepare_tasks(params)
+    prepare_corpus(params, progress=False)
+    assert not (params.data.dir / "tasks").exists()
+    corpus = _tree(params.data.dir)
+    assert {k: v for k, v in _tree(prepared.data.dir).items() if not k.startswith("tasks/")} == corpus
+    written = prepare_tasks(params, ["stdlib_continuation"], ("test",))
+    assert written == [params.data.dir / "tasks" / "stdlib_continuation" / "test.jsonl"]
+    assert len(written[0].read_text().splitlines()) == 2
+    assert {k for k in _tree(params.data.dir) if k.startswith("tasks/")} == {"tasks/stdlib_continuation/test.jsonl"}
+
+
 def test_splits_are_disjoint_and_recorded(prepared):
     manifest = json.loads((prepared.data.dir / "manifest.json").read_text())
     assert manifest["python_version"]

@@ -23,8 +23,8 @@ SMOKE_RUNS = yaml.safe_load((Path(__file__).resolve().parent.parent / "config" /
 
 
 def expected_run_names(pair="smoke", task="stdlib_continuation") -> list[str]:
-    names = ["prepare_data", "train_model/target", "train_model/draft", "train_model/independent",
-             f"dimr_search/{pair}/path", "report"]
+    names = ["prepare_corpus", f"prepare_tasks/{task}/dev", f"prepare_tasks/{task}/test", "train_model/target",
+             "train_model/draft", "train_model/independent", f"dimr_search/{pair}/path", "report"]
     # thresholds per slim of the grid's viasd runs (thresholds.per_slim)
     names += [f"tune_thresholds/{pair}/{task}/{slim}" for slim in ("main", "mask_random", "independent")]
     names += [f"{stage}/{pair}/{task}/{run}" for stage in ("decode", "evaluate") for run in SMOKE_RUNS]
@@ -173,6 +173,12 @@ def test_smoke_study_killed_resumed_tracked_and_reported(repo):
 
     again = snakemake(repo, "--cores", "2", "all", *SMOKE)
     assert "Nothing to be done" in again.stdout + again.stderr
+    # a task's prompt count re-runs that task's prompts, decodes, evaluations and the report: no training,
+    # no mask search, no threshold search (it reads the dev prompts, untouched)
+    (repo / "fewer.yaml").write_text(yaml.safe_dump({"tasks": {"stdlib_continuation": {"test_prompts": 3}}}))
+    planned = snakemake(repo, "-n", "all", *SMOKE, "--configfile", "fewer.yaml")
+    rules = _planned_rules(planned.stdout + planned.stderr)
+    assert rules == {"prepare_task", "decode", "evaluate", "report", "all"}, rules
 
     from mlflow.tracking import MlflowClient
 
@@ -217,6 +223,14 @@ def test_smoke_study_killed_resumed_tracked_and_reported(repo):
 # ---------------------------------------------------------------- DVC ------------------------------
 
 
+def _planned_rules(output: str) -> set[str]:
+    """Rule names of a Snakemake dry run's job-stats table."""
+    import re
+
+    table = output.split("Job stats:", 1)[1] if "Job stats:" in output else ""
+    return {m.group(1) for m in re.finditer(r"^(\w+)\s+\d+\s*$", table, re.M) if m.group(1) != "total"}
+
+
 def _stages_run(output: str) -> set[str]:
     import re
 
@@ -233,7 +247,7 @@ def test_dvc_repro_reruns_only_what_a_parameter_change_touches(repo):
          "-o", "params.yaml"], repo)
     first = run([str(BIN / "dvc"), "repro"], repo, timeout=1200)
     ran = _stages_run(first.stdout)
-    assert {"prepare_data", "train_draft", "report"} <= ran and len(ran) == len(dvc_stages(repo))
+    assert {"prepare_corpus", "train_draft", "report"} <= ran and len(ran) == len(dvc_stages(repo))
     lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
     assert "report" in lock and (repo / "reports-smoke" / "summary.md").exists()
     assert "Data and pipelines are up to date" in run([str(BIN / "dvc"), "status"], repo).stdout
@@ -254,6 +268,15 @@ def test_dvc_repro_reruns_only_what_a_parameter_change_touches(repo):
     second = _stages_run(run([str(BIN / "dvc"), "repro"], repo, timeout=1200).stdout)
     assert second and {name.split("@")[0] for name in second} == {"decode", "evaluate", "report"}
     assert second == {f"{stage}@smoke-stdlib_continuation-{r}" for stage in ("decode", "evaluate") for r in DVC_RUNS} | {"report"}
+
+    # fewer test prompts: the task's prompt files are rebuilt, dev.jsonl hashes the same, so no training,
+    # no mask search and no threshold search re-run
+    params["tasks"]["stdlib_continuation"]["test_prompts"] -= 1
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    third = _stages_run(run([str(BIN / "dvc"), "repro"], repo, timeout=1200).stdout)
+    assert "prepare_task@stdlib_continuation-test" in third and "report" in third
+    assert not {n for n in third if n.split("@")[0] in ("prepare_corpus", "train_model", "train_draft", "dimr_search",
+                                                         "tune_thresholds")}, third
 
     pushed = run([str(BIN / "dvc"), "push"], repo)
     assert "pushed" in pushed.stdout and any((repo / ".dvc-remote").rglob("*"))

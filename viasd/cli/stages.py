@@ -23,22 +23,35 @@ from .common import (
 
 
 def _add_prepare_data(sub) -> None:
-    stage_parser(sub, "prepare-data", "stdlib corpus splits, tokenizer, calibration set, task prompts", _prepare_data)
-
+    p = stage_parser(sub, "prepare-data", "stdlib corpus splits, tokenizer, calibration set, task prompts", _prepare_data)
+    p.add_argument("--only", choices=["corpus", "tasks"],
+                   help="corpus: tokenizer, token datasets, calibration set (what training reads); tasks: prompts")
+    p.add_argument("--task", action="append", metavar="NAME", help="with --only tasks: this task (repeatable)")
+    p.add_argument("--split", choices=["dev", "test"], help="with --only tasks: this split only")
 
 
 def _prepare_data(args) -> int:
-    from ..data.prepare import prepare_data
+    from ..data.prepare import prepare_corpus, prepare_tasks
+    from ..errors import ViasdError
 
+    if (args.task or args.split) and args.only != "tasks":
+        raise ViasdError("--task and --split select prompts: use them with --only tasks")
     params = load_params(args)
-    out = prepare_data(params)
-    manifest = json.loads((out / "manifest.json").read_text())
-    track(args, params, "prepare_data", "prepare_data", {"data": params.raw["data"], "tasks": params.raw["tasks"]},
-           {f"tokens_{k}": v for k, v in manifest["tokens"].items()} | {"vocab_size": manifest["vocab_size"]},
-           {"python_version": manifest["python_version"], "pair": "-"}, [out / "manifest.json"])
+    out = params.data.dir
+    if args.only in (None, "corpus"):
+        prepare_corpus(params)
+        manifest = json.loads((out / "manifest.json").read_text())
+        track(args, params, "prepare_data", "prepare_corpus", {"data": params.raw["data"]},
+              {f"tokens_{k}": v for k, v in manifest["tokens"].items()} | {"vocab_size": manifest["vocab_size"]},
+              {"python_version": manifest["python_version"], "pair": "-"}, [out / "manifest.json"])
+    if args.only in (None, "tasks"):
+        splits = (args.split,) if args.split else ("dev", "test")
+        written = prepare_tasks(params, args.task, splits)
+        name = "prepare_tasks" + (f"/{'+'.join(args.task)}" if args.task else "") + (f"/{args.split}" if args.split else "")
+        track(args, params, "prepare_data", name, {"tasks": {t: params.raw["tasks"][t] for t in args.task or params.tasks}},
+              {"examples": sum(len(p.read_text().splitlines()) for p in written)}, {"pair": "-"}, written)
     print(out)
     return 0
-
 
 
 def _add_train_model(sub) -> None:

@@ -1,5 +1,7 @@
 """`viasd prepare-data`: corpus splits, tokenizer, token datasets, calibration set, task prompts.
 
+Two parts, so that what training reads does not depend on the tasks: `--only corpus` (the first four
+outputs below) and `--only tasks` (the prompts, one file per task and split; `--task`, `--split`).
 Outputs under `data.dir` (all deterministic for one interpreter: re-running gives identical bytes):
   manifest.json              python version, every file with its split, sha256 and token count
   tokenizer/                 the byte-level BPE tokenizer (load with AutoTokenizer)
@@ -12,10 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import tempfile
 from pathlib import Path
 
 from ..config import Params
-from ..io import atomic_dir, write_json, write_jsonl
+from ..io import write_json, write_jsonl
 from ..tasks.base import TaskError
 from . import corpus as corpus_mod
 from .tokenizer import load_tokenizer, train_tokenizer
@@ -46,18 +49,29 @@ def calibration_windows(token_lists: list[list[int]], sequences: int, length: in
     return windows
 
 
-def prepare_data(params: Params, progress: bool = True) -> Path:
-    from tqdm.auto import tqdm
+CORPUS_OUTPUTS = ("tokenizer", "corpus", "calibration.parquet", "manifest.json")
 
-    from ..tasks import builtin, hub
 
-    out_dir = params.data.dir
+def _split_files(params: Params) -> dict:
     files = corpus_mod.stdlib_files(params.data.split, params.data.max_files)
     by_split = {s: [f for f in files if f.split == s] for s in corpus_mod.SPLITS}
     for split, members in by_split.items():
         if not members:
             raise TaskError(f"the {split} split has no files; raise data.split.{split} or data.max_files")
-    with atomic_dir(out_dir) as tmp:
+    return by_split
+
+
+def prepare_corpus(params: Params, progress: bool = True) -> Path:
+    """The tokenizer, the token datasets, the calibration set and the manifest (what training and the
+    mask search read; no task prompt). Each output replaces its predecessor in one rename; the manifest
+    goes last."""
+    from tqdm.auto import tqdm
+
+    out_dir = params.data.dir
+    by_split = _split_files(params)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out_dir.name}.corpus.", dir=out_dir.parent) as tmp_name:
+        tmp = Path(tmp_name)
         log.info("training a %d-token BPE tokenizer on %d train files", params.data.vocab_size, len(by_split["train"]))
         train_tokenizer((f.text for f in by_split["train"]), params.data.vocab_size, params.data.min_frequency,
                         tmp / "tokenizer")
@@ -77,21 +91,6 @@ def prepare_data(params: Params, progress: bool = True) -> Path:
         windows = calibration_windows(tokens_by_split["calibration"], params.data.calibration_sequences,
                                       params.data.calibration_length, params.seed)
         _write_parquet(tmp / "calibration.parquet", {"input_ids": windows})
-        for name, cfg in params.tasks.items():
-            for split in ("dev", "test"):
-                n = cfg.get(f"{split}_prompts", 16)
-                if name == "stdlib_continuation":
-                    examples = builtin.stdlib_continuation(by_split[split], tokenizer, n, cfg.get("prefix_tokens", 128),
-                                                           cfg.get("reference_tokens", 128))
-                elif name == "stdlib_functions":
-                    examples = builtin.stdlib_functions(by_split[split], tokenizer, n, cfg.get("max_prompt_tokens", 384),
-                                                        cfg.get("max_new_tokens", 128))
-                elif name == "humaneval":
-                    examples = builtin.humaneval(tokenizer, split, cfg.get("dev_prompts", 16),
-                                                 cfg.get("test_prompts", 64), cfg.get("max_prompt_tokens", 384))
-                else:
-                    examples = hub.hub_examples(name, split, n, cfg.get("source"))
-                write_jsonl(tmp / "tasks" / name / f"{split}.jsonl", [e.to_json() for e in examples])
         write_json(tmp / "manifest.json", {
             "python_version": corpus_mod.python_version(),
             "split_fractions": params.data.split,
@@ -99,4 +98,71 @@ def prepare_data(params: Params, progress: bool = True) -> Path:
             "tokens": {s: sum(map(len, tokens_by_split[s])) for s in corpus_mod.SPLITS},
             "files": manifest_files,
         })
+        out_dir.mkdir(exist_ok=True)
+        (out_dir / "manifest.json").unlink(missing_ok=True)  # no manifest: an unfinished corpus
+        for name in CORPUS_OUTPUTS:  # manifest.json last: its presence marks a finished corpus
+            _replace(tmp / name, out_dir / name)
     return out_dir
+
+
+def _replace(src: Path, dst: Path) -> None:
+    """Move `src` onto `dst` (a file or a directory) in one rename, dropping what was there."""
+    import os
+    import shutil
+
+    if dst.is_dir():
+        old = dst.with_name(f".{dst.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(dst, old)
+        os.replace(src, dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(src, dst)
+
+
+def task_path(params: Params, task: str, split: str) -> Path:
+    return params.data.dir / "tasks" / task / f"{split}.jsonl"
+
+
+def prepare_tasks(params: Params, tasks: list[str] | None = None, splits: tuple[str, ...] = ("dev", "test")) -> list[Path]:
+    """The prompts and references of `tasks` (default: every task under `tasks:`) for `splits`, one
+    file per task and split (`tasks/<task>/<split>.jsonl`), built with the prepared tokenizer; a
+    change to one task's test prompts rewrites that file only."""
+    from ..tasks import builtin, hub
+
+    tok_dir = params.data.dir / "tokenizer"
+    if not (params.data.dir / "manifest.json").exists():
+        raise TaskError(f"no prepared corpus in {params.data.dir}: run `viasd prepare-data --only corpus` first")
+    tokenizer = load_tokenizer(tok_dir)
+    names = list(params.tasks) if tasks is None else tasks
+    for name in names:
+        if name not in params.tasks:
+            raise TaskError(f"task {name!r} has no entry under tasks in the parameters")
+    by_split = _split_files(params) if any(n.startswith("stdlib_") for n in names) else {}
+    written = []
+    for name in names:
+        cfg = params.tasks[name]
+        for split in splits:
+            n = cfg.get(f"{split}_prompts", 16)
+            if name == "stdlib_continuation":
+                examples = builtin.stdlib_continuation(by_split[split], tokenizer, n, cfg.get("prefix_tokens", 128),
+                                                       cfg.get("reference_tokens", 128))
+            elif name == "stdlib_functions":
+                examples = builtin.stdlib_functions(by_split[split], tokenizer, n, cfg.get("max_prompt_tokens", 384),
+                                                    cfg.get("max_new_tokens", 128))
+            elif name == "humaneval":
+                examples = builtin.humaneval(tokenizer, split, cfg.get("dev_prompts", 16),
+                                             cfg.get("test_prompts", 64), cfg.get("max_prompt_tokens", 384))
+            else:
+                examples = hub.hub_examples(name, split, n, cfg.get("source"))
+            path = task_path(params, name, split)
+            write_jsonl(path, [e.to_json() for e in examples])
+            written.append(path)
+    return written
+
+
+def prepare_data(params: Params, progress: bool = True) -> Path:
+    """The corpus, then every task's prompts (`prepare_corpus` + `prepare_tasks`)."""
+    prepare_corpus(params, progress)
+    prepare_tasks(params)
+    return params.data.dir

@@ -37,6 +37,7 @@ wildcard_constraints:
     task="[a-z0-9_]+",
     run="[a-z_]+(-[a-z0-9_]+)?",
     role="target|draft|independent",
+    split="dev|test",
 
 
 def pair_models(pair, roles=("target", "draft")):
@@ -48,6 +49,17 @@ def pair_models(pair, roles=("target", "draft")):
 
 def task_params(wildcards):
     return config["tasks"][wildcards.task]
+
+
+def task_split_params(wildcards):
+    """A task's settings for one split: all but the other split's prompt count."""
+    other = "test" if wildcards.split == "dev" else "dev"
+    return {k: v for k, v in config["tasks"][wildcards.task].items() if k != f"{other}_prompts"}
+
+
+# what each stage reads of data/: training and the mask search never read task prompts
+CORPUS = [f"{DATA}/tokenizer", f"{DATA}/corpus", f"{DATA}/manifest.json"]
+DECODE_SPLIT = config["decode"]["split"]
 
 
 def eval_files():

@@ -2,7 +2,7 @@ rule decode:
     """One cell of the grid (pair x task x run) on the test prompts, timed against ar in the same job."""
     input:
         # the same inputs for every run, as in dvc.yaml's matrix stage (a run reads the ones it needs)
-        DATA,
+        f"{DATA}/tasks/{{task}}/{DECODE_SPLIT}.jsonl",
         models=lambda w: pair_models(w.pair, ["target", "draft", "independent"]),
         masks=f"{MODELS}/masks/{{pair}}",
         thresholds=f"{MODELS}/thresholds/{{pair}}-{{task}}",

@@ -2,7 +2,9 @@ rule dimr_search:
     """The slim verifier's routing mask (Optuna, resumable: the study lives in models/optuna/), the baseline
     masks, the cost-ablation mask when study.runs asks for one, and the search plots."""
     input:
-        DATA,
+        # the calibration set; the corpus's test split for the family table's agreement figures
+        f"{DATA}/calibration.parquet",
+        f"{DATA}/corpus",
         models=lambda w: pair_models(w.pair),
     output:
         masks=directory(f"{MODELS}/masks/{{pair}}"),

@@ -1,7 +1,7 @@
 rule evaluate:
     """The task's quality metrics for one decode output (pass@1 in a sandboxed process)."""
     input:
-        DATA,
+        f"{DATA}/tasks/{{task}}/{DECODE_SPLIT}.jsonl",
         rows=f"{REPORTS}/decode/{{pair}}/{{task}}/{{run}}.jsonl",
         summary=f"{REPORTS}/decode/{{pair}}/{{task}}/{{run}}.json",
         models=lambda w: pair_models(w.pair, ["target"]),

@@ -1,17 +1,42 @@
-rule prepare_data:
-    """Stdlib corpus splits, tokenizer, calibration set and task prompts (one atomic directory)."""
+rule prepare_corpus:
+    """Stdlib corpus splits, tokenizer, token datasets, calibration set: what training and the mask
+    search read (no task prompt, so a task's settings never retrain a model)."""
     output:
-        directory(DATA),
+        tokenizer=directory(f"{DATA}/tokenizer"),
+        corpus=directory(f"{DATA}/corpus"),
+        calibration=f"{DATA}/calibration.parquet",
+        manifest=f"{DATA}/manifest.json",
     params:
         viasd=VIASD_ARGS,
         seed=config["seed"],
         data=config["data"],
-        tasks=config["tasks"],
     log:
-        "logs/prepare_data.log",
+        "logs/prepare_corpus.log",
     benchmark:
-        "benchmarks/prepare_data.tsv"
+        "benchmarks/prepare_corpus.tsv"
     conda:
         "../envs/viasd.yaml"
     shell:
-        "viasd prepare-data {params.viasd} > {log} 2>&1"
+        "viasd prepare-data {params.viasd} --only corpus > {log} 2>&1"
+
+
+rule prepare_task:
+    """One task's prompts and references for one split; its parameters leave out the other split's
+    prompt count, so changing the test prompts re-runs no threshold search (which reads dev)."""
+    input:
+        tokenizer=f"{DATA}/tokenizer",
+        manifest=f"{DATA}/manifest.json",
+    output:
+        f"{DATA}/tasks/{{task}}/{{split}}.jsonl",
+    params:
+        viasd=VIASD_ARGS,
+        seed=config["seed"],
+        task=task_split_params,
+    log:
+        "logs/prepare_task/{task}-{split}.log",
+    benchmark:
+        "benchmarks/prepare_task/{task}-{split}.tsv"
+    conda:
+        "../envs/viasd.yaml"
+    shell:
+        "viasd prepare-data {params.viasd} --only tasks --task {wildcards.task} --split {wildcards.split} > {log} 2>&1"

@@ -1,7 +1,7 @@
 rule train_model:
     """One model of the embedded default family (hub pairs skip this); resumes from its checkpoint."""
     input:
-        DATA,
+        CORPUS,
         # the draft is distilled from the target (DVC's train_draft stage has the same dependency)
         teacher=lambda w: pair_models(FAMILY, ["target"]) if w.role == "draft" else [],
     output:

@@ -2,7 +2,7 @@ rule tune_thresholds:
     """VIA-SD's tau_accept, tau_slim, gamma and tier rules for a pair and task, on the dev split: for the
     DIMR mask and (thresholds.per_slim) every slim ablation of study.runs, one file set per slim."""
     input:
-        DATA,
+        f"{DATA}/tasks/{{task}}/dev.jsonl",
         models=lambda w: pair_models(w.pair, ["target", "draft", "independent"]),
         masks=f"{MODELS}/masks/{{pair}}",
     output:
@@ -17,7 +17,8 @@ rule tune_thresholds:
         viasd=VIASD_ARGS,
         seed=config["seed"],
         thresholds=config["thresholds"],
-        task=task_params,
+        # the dev prompts come from dev.jsonl: the task's prompt counts are not parameters of the search
+        max_new_tokens=lambda w: config["tasks"][w.task].get("max_new_tokens"),
         runs=STUDY["runs"],
     threads: 2
     resources:
