@@ -12,6 +12,9 @@ Outputs under reports/:
   tables/<pair>-family.md, .csv          the pair's models and slims: shape, parameters, training tokens and
                                          time, test NLL, teacher-forced greedy agreement with the target, DIMR cost
   tables/stage-times.md                  wall time per workflow rule, from Snakemake's benchmarks/ (when present)
+  metrics.json                           the headline per pair, task and run (speedup vs ar, rejection rate, the
+                                         three quality measures): DVC's metrics file (`dvc metrics diff`,
+                                         `dvc exp show` columns)
   summary.md                             every table, with links to the plots (also those of dimr-search:
                                          reports/dimr/<pair>/search.png and layers.png)
 """
@@ -24,7 +27,7 @@ import json
 from pathlib import Path
 
 from ..config import Params
-from ..io import write_text
+from ..io import write_json, write_text
 from ..report_plots import frontier, tier_breakdown
 from .decode_stage import StudyInputError
 from .evaluate_stage import eval_path
@@ -49,7 +52,7 @@ def grid(params: Params) -> list[tuple[str, str, str]]:
 
 def report_paths(params: Params) -> dict:
     base = params.reports_dir
-    out = {"summary": base / "summary.md"}
+    out = {"summary": base / "summary.md", "metrics": base / "metrics.json"}
     for pair in params.study["pairs"]:
         for task in params.study["tasks"]:
             key = f"{pair}-{task}"
@@ -279,8 +282,9 @@ def run_report_stage(params: Params) -> dict:
                     f"Slim verifiers on the dev split, each with thresholds tuned for it ({bounds}; tiers off = plain "
                     "SD is always a candidate); cost/token is the cost model (draft, slim and full passes at "
                     "per-pass costs measured once, in the DIMR mask's search, and shared):\n", slims_md]
-        headline[key] = {e["run"]: {"speedup_vs_ar": e.get("speedup_vs_ar"), "rejection_rate": e.get("rejection_rate"),
-                                    **{k: e["quality"].get(k) for k in QUALITY_FIRST}} for e in evals}
+        headline.setdefault(pair, {})[task] = {
+            e["run"]: {"speedup_vs_ar": e.get("speedup_vs_ar"), "rejection_rate": e.get("rejection_rate"),
+                       **{k: e["quality"].get(k) for k in QUALITY_FIRST}} for e in evals}
     for pair in params.study["pairs"]:
         family = family_rows(params, pair)
         table = family_table(family)
@@ -296,5 +300,6 @@ def run_report_stage(params: Params) -> dict:
         write_text(paths["stage-times"], f"# Wall time per workflow rule (Snakemake benchmarks/)\n\n{times}")
         summary += ["## Stage times\n", "Wall time per workflow rule, from Snakemake's `benchmarks/` (the report's "
                     "own job is not yet in it):\n", times]
+    write_json(paths["metrics"], headline)
     write_text(paths["summary"], "\n".join(summary))
     return {"tables": len(by_cell), "runs": sum(len(v) for v in by_cell.values()), "headline": headline}

@@ -8,6 +8,7 @@ rule report:
         thresholds=expand(f"{MODELS}/thresholds/{{pair}}-{{task}}", pair=STUDY["pairs"], task=STUDY["tasks"]),
     output:
         summary=report(f"{REPORTS}/summary.md", category="Summary"),
+        metrics=f"{REPORTS}/metrics.json",
         tables=expand(f"{REPORTS}/tables/{{pair}}-{{task}}{{kind}}.{{ext}}", pair=STUDY["pairs"], task=STUDY["tasks"], kind=["", "-slims"], ext=["md", "csv"]),
         family=expand(f"{REPORTS}/tables/{{pair}}-family.{{ext}}", pair=STUDY["pairs"], ext=["md", "csv"]),
         positions=expand(f"{REPORTS}/tables/{{pair}}-{{task}}-positions.md", pair=STUDY["pairs"], task=STUDY["tasks"]),
