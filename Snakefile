@@ -28,5 +28,17 @@ rule all:
         rules.report.output,
 
 
+# One MLflow parent run per invocation: every job's stage run is nested under it (the jobs inherit the
+# parent's id through PARENT_RUN, see common.smk), and it ends FINISHED or FAILED with the workflow.
 onstart:
     shell(f"viasd tracking-init {VIASD_ARGS}")
+    parent = shell(f"viasd tracking-init {VIASD_ARGS} --start-parent study/{STUDY['name']}", read=True)
+    os.environ[PARENT_RUN] = (parent.decode() if isinstance(parent, bytes) else parent).strip()
+
+
+onsuccess:
+    end_parent("FINISHED")
+
+
+onerror:
+    end_parent("FAILED")

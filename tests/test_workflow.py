@@ -184,8 +184,15 @@ def test_smoke_study_killed_resumed_tracked_and_reported(repo):
 
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     exp = client.get_experiment_by_name("viasd-smoke")
-    runs = [r for r in client.search_runs([exp.experiment_id], max_results=1000) if r.info.status == "FINISHED"]
+    finished = [r for r in client.search_runs([exp.experiment_id], max_results=1000) if r.info.status == "FINISHED"]
+    runs = [r for r in finished if r.data.tags.get("stage") != "study"]
     assert sorted(r.info.run_name for r in runs) == expected_run_names()
+    # one parent run per invocation that ran jobs; the completing invocation's stage runs are nested under it
+    parents = [r for r in finished if r.data.tags.get("stage") == "study"]
+    assert len(parents) == 1 and parents[0].info.run_name == "study/smoke"
+    nested = {r.data.tags.get("mlflow.parentRunId") for r in runs if r.info.run_name.startswith(("decode", "report"))}
+    assert nested == {parents[0].info.run_id}
+    assert {"mlflow.source.git.commit", "git_dirty"} <= set(runs[0].data.tags)
     by_name = {r.info.run_name: r for r in runs}
     viasd = by_name["evaluate/smoke/stdlib_continuation/viasd"].data
     assert viasd.tags["method"] == "viasd" and viasd.tags["ablation"] == "none" and viasd.tags["stage"] == "evaluate"
@@ -211,7 +218,7 @@ def test_smoke_study_killed_resumed_tracked_and_reported(repo):
         found = _rest(port, "/api/2.0/mlflow/runs/search",
                       {"experiment_ids": [exp_id["experiment"]["experiment_id"]], "max_results": 1000})
         names = sorted(r["info"]["run_name"] for r in found["runs"] if r["info"]["status"] == "FINISHED")
-        assert names == expected_run_names()
+        assert names == sorted([*expected_run_names(), "study/smoke"])
     finally:
         os.killpg(ui.pid, signal.SIGTERM)
         ui.wait(timeout=30)

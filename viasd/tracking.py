@@ -4,6 +4,12 @@ Results are files first and MLflow second: a tracking failure is logged as a war
 loses or fails a stage. The store is `MLFLOW_TRACKING_URI` if set, else `sqlite:///mlflow.db` beside
 params.yaml; one experiment per study (`viasd-<family>`). Transient errors (a locked SQLite
 database under parallel jobs) are retried.
+
+Runs carry MLflow's standard source tags (`mlflow.source.git.commit`, `mlflow.source.name`,
+`mlflow.source.type`) and `git_dirty` (uncommitted changes to tracked files). A workflow invocation
+opens a parent run (`start_parent`, from Snakemake's `onstart`) and exports its id as
+`VIASD_PARENT_RUN_ID`; every stage run of that invocation is nested under it (`mlflow.parentRunId`),
+and the parent ends FINISHED or FAILED with the workflow.
 """
 
 from __future__ import annotations
@@ -24,12 +30,37 @@ def tracking_uri(root: Path) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(root).resolve() / 'mlflow.db'}"
 
 
-def git_commit(root: Path) -> str | None:
+PARENT_ENV = "VIASD_PARENT_RUN_ID"
+
+
+def _git(root: Path, *args: str) -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_commit(root: Path) -> str | None:
+    return _git(root, "rev-parse", "HEAD") or None
+
+
+def git_dirty(root: Path) -> bool | None:
+    """Whether tracked files differ from the commit (None outside a git work tree)."""
+    status = _git(root, "status", "--porcelain", "--untracked-files=no")
+    return None if status is None else bool(status)
+
+
+def source_tags(root: Path, name: str) -> dict:
+    """MLflow's standard source tags plus `git_dirty`."""
+    commit = git_commit(root)
+    tags = {"mlflow.source.name": name, "mlflow.source.type": "LOCAL", "git_commit": commit or "unknown"}
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+        dirty = git_dirty(root)
+        if dirty is not None:
+            tags["git_dirty"] = str(dirty).lower()
+    return tags
 
 
 def file_md5(path: Path) -> str:
@@ -112,7 +143,10 @@ def _record(root, experiment, run_name, params, metrics, tags, artifacts, series
     client = MlflowClient(tracking_uri(root))
     found = client.get_experiment_by_name(experiment)
     exp_id = found.experiment_id if found else _create_experiment(client, experiment)
-    all_tags = {"mlflow.runName": run_name, "git_commit": git_commit(root) or "unknown", **tags}
+    all_tags = {"mlflow.runName": run_name, **source_tags(root, f"viasd {run_name.split('/')[0]}"), **tags}
+    parent = os.environ.get(PARENT_ENV)
+    if parent:
+        all_tags["mlflow.parentRunId"] = parent
     run = client.create_run(exp_id, run_name=run_name, tags={k: str(v) for k, v in all_tags.items()})
     run_id = run.info.run_id
     try:
@@ -134,6 +168,24 @@ def _record(root, experiment, run_name, params, metrics, tags, artifacts, series
         client.set_terminated(run_id, "FAILED")
         raise
     return run_id
+
+
+def start_parent(root: Path, experiment: str, name: str) -> str:
+    """Open the parent run of one workflow invocation (status RUNNING); returns its id."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri(root))
+    found = client.get_experiment_by_name(experiment)
+    exp_id = found.experiment_id if found else _create_experiment(client, experiment)
+    tags = {"mlflow.runName": name, "stage": "study", **source_tags(root, "snakemake")}
+    return client.create_run(exp_id, run_name=name, tags=tags).info.run_id
+
+
+def end_parent(root: Path, run_id: str, status: str) -> None:
+    """Close a parent run: FINISHED or FAILED."""
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(tracking_uri(root)).set_terminated(run_id, status)
 
 
 def _create_experiment(client, name: str) -> str:

@@ -272,15 +272,25 @@ def _resolve_params(args) -> int:
 
 
 def _add_tracking_init(sub) -> None:
-    stage_parser(sub, "tracking-init", "create the MLflow store and the study's experiment (before parallel jobs)",
-                  _tracking_init)
+    p = stage_parser(sub, "tracking-init", "create the MLflow store and the study's experiment (before parallel "
+                     "jobs); open or close the parent run of a workflow invocation", _tracking_init)
+    p.add_argument("--start-parent", metavar="NAME", help="open a parent run and print its id (Snakemake's onstart)")
+    p.add_argument("--end-parent", metavar="RUN_ID", help="close this parent run (onsuccess / onerror)")
+    p.add_argument("--status", choices=["FINISHED", "FAILED"], default="FINISHED", help="with --end-parent")
 
 
 
 def _tracking_init(args) -> int:
-    from ..tracking import init_store
+    from ..tracking import end_parent, init_store, start_parent
 
     params = load_params(args)
-    if not args.no_track:
-        print(init_store(args.params.resolve().parent, experiment(params)))
+    if args.no_track:
+        return 0
+    root = args.params.resolve().parent
+    if args.end_parent:
+        end_parent(root, args.end_parent, args.status)
+    elif args.start_parent:
+        print(start_parent(root, experiment(params), args.start_parent))
+    else:
+        print(init_store(root, experiment(params)))
     return 0

@@ -69,3 +69,14 @@ def eval_files():
         task=STUDY["tasks"],
         run=RUNS,
     )
+
+
+# the MLflow parent run of this invocation (Snakefile's onstart/onsuccess/onerror): its id is exported
+# in this environment variable, which every job inherits (viasd nests its stage run under it)
+PARENT_RUN = "VIASD_PARENT_RUN_ID"
+
+
+def end_parent(status):
+    run_id = os.environ.get(PARENT_RUN)
+    if run_id:
+        shell(f"viasd tracking-init {VIASD_ARGS} --end-parent {run_id} --status {status}")

@@ -1,0 +1,38 @@
+"""MLflow runs at the stage boundary: standard source tags, a dirty tree marked, stage runs nested
+under the parent run of their workflow invocation."""
+
+from __future__ import annotations
+
+import subprocess
+
+from viasd import tracking
+
+
+def _git(cwd, *args):
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
+                   capture_output=True)
+
+
+def test_stage_runs_nest_under_the_invocation_parent_and_carry_source_tags(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    (tmp_path / "params.yaml").write_text("seed: 0\n")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", "-A")
+    _git(tmp_path, "commit", "-qm", "x")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    parent = tracking.start_parent(tmp_path, "viasd-t", "study/t")
+    monkeypatch.setenv(tracking.PARENT_ENV, parent)
+    child = tracking.record_run(tmp_path, "viasd-t", "decode/p/t/ar", {"a": 1}, {"m": 0.5}, {"stage": "decode"})
+    (tmp_path / "params.yaml").write_text("seed: 1\n")  # an uncommitted change to a tracked file
+    monkeypatch.delenv(tracking.PARENT_ENV)
+    flat = tracking.record_run(tmp_path, "viasd-t", "report", {}, {}, {"stage": "report"})
+    tracking.end_parent(tmp_path, parent, "FAILED")
+    client = MlflowClient(tracking.tracking_uri(tmp_path))
+    child_tags, flat_tags = client.get_run(child).data.tags, client.get_run(flat).data.tags
+    assert child_tags["mlflow.parentRunId"] == parent and "mlflow.parentRunId" not in flat_tags
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    assert child_tags["mlflow.source.git.commit"] == commit == flat_tags["git_commit"]
+    assert (child_tags["git_dirty"], flat_tags["git_dirty"]) == ("false", "true")
+    assert child_tags["mlflow.source.name"] == "viasd decode"
+    assert client.get_run(parent).info.status == "FAILED" and client.get_run(child).info.status == "FINISHED"
