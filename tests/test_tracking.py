@@ -36,3 +36,23 @@ def test_stage_runs_nest_under_the_invocation_parent_and_carry_source_tags(tmp_p
     assert (child_tags["git_dirty"], flat_tags["git_dirty"]) == ("false", "true")
     assert child_tags["mlflow.source.name"] == "viasd decode"
     assert client.get_run(parent).info.status == "FAILED" and client.get_run(child).info.status == "FINISHED"
+
+
+def test_a_stage_run_is_open_while_it_runs_and_failed_with_the_error_on_a_crash(tmp_path, monkeypatch, capsys):
+    from mlflow.tracking import MlflowClient
+    from study_fixtures import smoke_params
+
+    from viasd.cli import main
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    path = smoke_params(tmp_path)
+    assert main(["decode", "--params", str(path), "--task", "stdlib_continuation", "--run", "sd"]) == 2
+    assert "viasd: error:" in capsys.readouterr().err
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("viasd-smoke").experiment_id])
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FAILED" and run.info.run_name == "decode/stdlib_continuation/sd"
+    assert run.data.tags["stage"] == "decode"
+    assert "run `viasd prepare-data` first" in run.data.tags["error"]  # the message the user saw

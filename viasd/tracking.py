@@ -119,36 +119,94 @@ def _numeric(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
-def record_run(root: Path, experiment: str, run_name: str, params: dict, metrics: dict, tags: dict,
-               artifacts: Iterable[Path] = (), series: dict[str, list[float]] | None = None,
-               attempts: int = 5) -> str | None:
-    """Log one MLflow run; returns its id, or None when tracking failed (the stage still succeeds)."""
+def _retrying(fn, what: str, attempts: int = 5):
+    """`fn()`, retried on a locked SQLite store; None (and a warning) when tracking fails."""
     for attempt in range(attempts):
         try:
-            return _record(root, experiment, run_name, params, metrics, tags, artifacts, series or {})
+            return fn()
         except Exception as err:  # noqa: BLE001 - tracking must never fail a stage
             transient = "locked" in str(err).lower() or "busy" in str(err).lower()
             if transient and attempt + 1 < attempts:
                 time.sleep(0.5 * (attempt + 1))
                 continue
-            log.warning("MLflow tracking failed (%s); the stage's results are in its output files", err)
+            log.warning("MLflow tracking failed to %s (%s); the stage's results are in its output files", what, err)
             return None
     return None
 
 
-def _record(root, experiment, run_name, params, metrics, tags, artifacts, series) -> str:
-    from mlflow.entities import Metric, Param
-    from mlflow.tracking import MlflowClient
+def record_run(root: Path, experiment: str, run_name: str, params: dict, metrics: dict, tags: dict,
+               artifacts: Iterable[Path] = (), series: dict[str, list[float]] | None = None,
+               attempts: int = 5, run_id: str | None = None) -> str | None:
+    """Log one MLflow run (into `run_id`, opened by `open_run` when the stage started, else a new one)
+    and end it FINISHED; returns its id, or None when tracking failed (the stage still succeeds)."""
+    return _retrying(lambda: _record(root, experiment, run_name, params, metrics, tags, artifacts, series or {},
+                                     run_id), "record the run", attempts)
 
-    client = MlflowClient(tracking_uri(root))
-    found = client.get_experiment_by_name(experiment)
-    exp_id = found.experiment_id if found else _create_experiment(client, experiment)
+
+def _run_tags(root: Path, run_name: str, tags: dict) -> dict:
     all_tags = {"mlflow.runName": run_name, **source_tags(root, f"viasd {run_name.split('/')[0]}"), **tags}
     parent = os.environ.get(PARENT_ENV)
     if parent:
         all_tags["mlflow.parentRunId"] = parent
-    run = client.create_run(exp_id, run_name=run_name, tags={k: str(v) for k, v in all_tags.items()})
-    run_id = run.info.run_id
+    return {k: str(v) for k, v in all_tags.items()}
+
+
+def _experiment_id(client, experiment: str) -> str:
+    found = client.get_experiment_by_name(experiment)
+    return found.experiment_id if found else _create_experiment(client, experiment)
+
+
+def open_run(root: Path, experiment: str, run_name: str, tags: dict | None = None) -> str | None:
+    """Open a stage's run when the stage starts (RUNNING, nested under the invocation's parent): live
+    metrics go to it, a crash ends it FAILED with the error, `record_run` completes it."""
+    from mlflow.tracking import MlflowClient
+
+    def create():
+        client = MlflowClient(tracking_uri(root))
+        return client.create_run(_experiment_id(client, experiment), run_name=run_name,
+                                 tags=_run_tags(root, run_name, tags or {})).info.run_id
+
+    return _retrying(create, "open the run")
+
+
+def close_run(root: Path, run_id: str, status: str, error: str | None = None) -> None:
+    """End an open run (FAILED with the error's text, or FINISHED)."""
+    from mlflow.tracking import MlflowClient
+
+    def close():
+        client = MlflowClient(tracking_uri(root))
+        if error:
+            client.set_tag(run_id, "error", error[:5000])
+        client.set_terminated(run_id, status)
+
+    _retrying(close, "close the run")
+
+
+def discard_run(root: Path, run_id: str) -> None:
+    """Delete an open run that recorded nothing (a stage that found its outputs up to date)."""
+    from mlflow.tracking import MlflowClient
+
+    _retrying(lambda: MlflowClient(tracking_uri(root)).delete_run(run_id), "discard the run")
+
+
+def log_live(root: Path, run_id: str, key: str, value: float, step: int) -> None:
+    """One live metric point (e.g. the training loss while training runs); failures only warn."""
+    from mlflow.tracking import MlflowClient
+
+    _retrying(lambda: MlflowClient(tracking_uri(root)).log_metric(run_id, key, float(value), step=step),
+              "log a metric", attempts=2)
+
+
+def _record(root, experiment, run_name, params, metrics, tags, artifacts, series, run_id=None) -> str:
+    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri(root))
+    all_tags = _run_tags(root, run_name, tags)
+    if run_id is None:
+        run_id = client.create_run(_experiment_id(client, experiment), run_name=run_name, tags=all_tags).info.run_id
+    else:
+        client.log_batch(run_id, tags=[RunTag(k, v) for k, v in all_tags.items() if k != "mlflow.parentRunId"])
     try:
         now = int(time.time() * 1000)
         flat = {k: v for k, v in _flatten(params).items() if v is not None}
@@ -175,10 +233,8 @@ def start_parent(root: Path, experiment: str, name: str) -> str:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri(root))
-    found = client.get_experiment_by_name(experiment)
-    exp_id = found.experiment_id if found else _create_experiment(client, experiment)
     tags = {"mlflow.runName": name, "stage": "study", **source_tags(root, "snakemake")}
-    return client.create_run(exp_id, run_name=name, tags=tags).info.run_id
+    return client.create_run(_experiment_id(client, experiment), run_name=name, tags=tags).info.run_id
 
 
 def end_parent(root: Path, run_id: str, status: str) -> None:

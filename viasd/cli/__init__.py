@@ -56,11 +56,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    from .common import close_stage_run, open_stage_run
     from .threads import limit_threads
 
     limit_threads()
+    open_stage_run(args)
     try:
-        return args.func(args)
+        status = args.func(args)
     except ViasdError as err:
+        close_stage_run(args, err)
         print(f"viasd: error: {err}", file=sys.stderr)
         return 2
+    except BaseException as err:
+        close_stage_run(args, err)
+        raise
+    close_stage_run(args, None)
+    return status

@@ -22,15 +22,69 @@ def experiment(params) -> str:
 
 def track(args, params, stage: str, run_name: str, run_params: dict, metrics: dict, tags: dict | None = None,
            artifacts=(), series=None, inputs: dict | None = None) -> None:
-    """Record the stage run in MLflow (after its files are written; a failure only warns)."""
-    if args.no_track or metrics.get("up_to_date"):
+    """Complete the stage's MLflow run, opened when the stage started (`open_stage_run`), with what the
+    stage wrote (after its files are written; a failure only warns). A stage that found its outputs up
+    to date records nothing: its open run is discarded."""
+    if args.no_track:
         return
-    from ..tracking import input_hashes, record_run
+    from ..tracking import discard_run, input_hashes, record_run
 
+    root = args.params.resolve().parent
+    run_id, args.run_id = getattr(args, "run_id", None), None  # completed (or discarded) here, once
+    if metrics.get("up_to_date"):
+        if run_id:
+            discard_run(root, run_id)
+        return
     tags = {"stage": stage, "pair": params.pair(getattr(args, "pair", None)).name, **(tags or {})}
     tags.update(input_hashes(inputs or {}))
-    record_run(args.params.resolve().parent, experiment(params), run_name, run_params, metrics, tags, artifacts,
-               series)
+    record_run(root, experiment(params), run_name, run_params, metrics, tags, artifacts, series, run_id=run_id)
+
+
+def open_stage_run(args) -> None:
+    """Open the MLflow run of a study stage as it starts (`args.run_id`), named after the command and
+    its grid cell until `track` gives it the stage's own name; None with --no-track or no parameters."""
+    args.run_id = None
+    if getattr(args, "no_track", True) or args.command in ("tracking-init", "resolve-params"):
+        return
+    from ..tracking import open_run
+
+    try:
+        params = load_params(args)
+    except ViasdError:
+        return  # the stage itself reports the bad parameters
+    cell = [str(getattr(args, k)) for k in ("role", "pair", "task", "run") if getattr(args, k, None)]
+    name = "/".join([args.command.replace("-", "_"), *cell])
+    args.run_id = open_run(args.params.resolve().parent, experiment(params), name,
+                           {"stage": args.command.replace("-", "_")})
+
+
+def close_stage_run(args, error: BaseException | None) -> None:
+    """End the stage's run if `track` did not complete it: FAILED with the error, else FINISHED."""
+    run_id = getattr(args, "run_id", None)
+    if not run_id:
+        return
+    from ..tracking import close_run
+
+    args.run_id = None
+    close_run(args.params.resolve().parent, run_id, "FAILED" if error else "FINISHED",
+              f"{type(error).__name__}: {error}" if error else None)
+
+
+def live_metric(args, key: str, every: int = 1):
+    """A callback `(step, value)` logging `key` to the stage's open run every `every` steps (no-op
+    without one)."""
+    run_id = getattr(args, "run_id", None)
+    if not run_id:
+        return None
+    from ..tracking import log_live
+
+    root = args.params.resolve().parent
+
+    def log(step: int, value: float) -> None:
+        if step % every == 0:
+            log_live(root, run_id, key, value, step)
+
+    return log
 
 
 

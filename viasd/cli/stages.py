@@ -15,6 +15,7 @@ from .common import (
     experiment,
     grid_cell,
     input_files,
+    live_metric,
     load_params,
     scalars,
     stage_parser,
@@ -67,14 +68,16 @@ def _train_model(args) -> int:
     from ..training.train import read_training_report, train_model
 
     params = load_params(args)
-    out = train_model(params, args.role)
+    live = live_metric(args, "train_loss", every=10)  # the loss while training runs, in the stage's open run
+    out = train_model(params, args.role, on_step=live)
     report = read_training_report(out)
     track(args, params, "train_model", f"train_model/{args.role}",
            {"arch": vars(params.family.arch(args.role)), "train": vars(params.train), "seed": params.seed},
            {k: report[k] for k in ("parameters", "steps", "train_seconds", "tokens_per_second", "test_nll",
                                    "test_perplexity", "final_loss")},
            {"role": args.role, "pair": params.family.name}, [out / "training.json"],
-           {"train_loss": report["loss_curve"]}, inputs={"data.manifest": params.data.dir / "manifest.json"})
+           None if live else {"train_loss": report["loss_curve"]},
+           inputs={"data.manifest": params.data.dir / "manifest.json"})
     print(json.dumps({k: report[k] for k in ("role", "parameters", "steps", "train_seconds", "test_nll",
                                              "test_perplexity")}))
     return 0

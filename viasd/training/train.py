@@ -129,11 +129,13 @@ def perplexity(model, stream: np.ndarray, seq_len: int, max_tokens: int) -> tupl
     return nll, math.exp(nll)
 
 
-def train_model(params: Params, role: str, progress: bool = True, stop_after: int | None = None) -> Path:
+def train_model(params: Params, role: str, progress: bool = True, stop_after: int | None = None,
+                on_step=None) -> Path:
     """Train `role` of the configured family; returns the saved model directory.
 
     `stop_after` ends the run after that many optimizer steps with a checkpoint and no final model
-    (a later call resumes from there).
+    (a later call resumes from there). `on_step(step, loss)` is called after every optimizer step
+    (e.g. to log the loss live).
     """
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM
@@ -226,6 +228,8 @@ def train_model(params: Params, role: str, progress: bool = True, stop_after: in
         scheduler.step()
         step += 1
         losses.append(round(loss.item(), 5))
+        if on_step is not None:
+            on_step(step, losses[-1])
         bar.update(1)
         bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
         if step % tp.checkpoint_every == 0 and step < total_steps:
