@@ -251,9 +251,13 @@ def test_search_commands_are_recorded_in_mlflow(study, tmp_path, monkeypatch, ca
     assert main(["dimr-search", "--params", str(src / "params.yaml")]) == 0  # no-op: no second run
     capsys.readouterr()
     client = MlflowClient(uri)
-    runs = client.search_runs([client.get_experiment_by_name("viasd-smoke").experiment_id])
+    found = client.search_runs([client.get_experiment_by_name("viasd-smoke").experiment_id], max_results=1000)
+    runs = [r for r in found if r.data.tags.get("stage") != "trial"]
     assert len(runs) == 1
     run = runs[0]
+    trials = [r for r in found if r.data.tags.get("stage") == "trial"]  # each Optuna trial, a nested run
+    assert len(trials) == 8 and {r.data.tags["mlflow.parentRunId"] for r in trials} == {run.info.run_id}
+    assert all("keep_layers" in r.data.params and "cost" in r.data.metrics for r in trials)
     assert run.data.tags["stage"] == "dimr_search" and run.data.tags["pair"] == "smoke"
     assert run.data.metrics["cost"] <= run.data.metrics["best_random_cost"]
     assert run.data.params["cost"] == "path" and run.data.params["n_random"] == "4"

@@ -228,6 +228,28 @@ def _record(root, experiment, run_name, params, metrics, tags, artifacts, series
     return run_id
 
 
+def record_children(root: Path, experiment: str, parent_id: str, children: list[dict]) -> None:
+    """One nested run per child (`{"name", "params", "metrics"}`, e.g. each Optuna trial of a search)
+    under `parent_id`, FINISHED; failures only warn."""
+    from mlflow.entities import Metric, Param
+    from mlflow.tracking import MlflowClient
+
+    def record():
+        client = MlflowClient(tracking_uri(root))
+        exp_id = _experiment_id(client, experiment)
+        now = int(time.time() * 1000)
+        for child in children:
+            tags = {"mlflow.runName": child["name"], "mlflow.parentRunId": parent_id, "stage": "trial"}
+            run_id = client.create_run(exp_id, run_name=child["name"], tags=tags).info.run_id
+            params = [Param(k, str(v)[:6000]) for k, v in sorted(_flatten(child.get("params", {})).items())
+                      if v is not None]
+            metrics = [Metric(k, float(v), now, 0) for k, v in _flatten(child.get("metrics", {})).items() if _numeric(v)]
+            client.log_batch(run_id, metrics=metrics, params=params)
+            client.set_terminated(run_id, "FINISHED")
+
+    _retrying(record, "record the trials")
+
+
 def start_parent(root: Path, experiment: str, name: str) -> str:
     """Open the parent run of one workflow invocation (status RUNNING); returns its id."""
     from mlflow.tracking import MlflowClient

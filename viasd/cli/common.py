@@ -21,7 +21,7 @@ def experiment(params) -> str:
 
 
 def track(args, params, stage: str, run_name: str, run_params: dict, metrics: dict, tags: dict | None = None,
-           artifacts=(), series=None, inputs: dict | None = None) -> None:
+           artifacts=(), series=None, inputs: dict | None = None, children: list[dict] | None = None) -> None:
     """Complete the stage's MLflow run, opened when the stage started (`open_stage_run`), with what the
     stage wrote (after its files are written; a failure only warns). A stage that found its outputs up
     to date records nothing: its open run is discarded."""
@@ -31,13 +31,17 @@ def track(args, params, stage: str, run_name: str, run_params: dict, metrics: di
 
     root = args.params.resolve().parent
     run_id, args.run_id = getattr(args, "run_id", None), None  # completed (or discarded) here, once
+    from ..tracking import record_children
+
     if metrics.get("up_to_date"):
         if run_id:
             discard_run(root, run_id)
         return
     tags = {"stage": stage, "pair": params.pair(getattr(args, "pair", None)).name, **(tags or {})}
     tags.update(input_hashes(inputs or {}))
-    record_run(root, experiment(params), run_name, run_params, metrics, tags, artifacts, series, run_id=run_id)
+    run_id = record_run(root, experiment(params), run_name, run_params, metrics, tags, artifacts, series, run_id=run_id)
+    if run_id and children:  # e.g. a search's Optuna trials, as nested runs
+        record_children(root, experiment(params), run_id, children)
 
 
 def open_stage_run(args) -> None:

@@ -118,7 +118,10 @@ def _dimr_search_one(args, params, pair, **overrides) -> None:
           {"keep_layers": ",".join(map(str, out["keep_layers"])), "cost_fn": out["cost_fn"]},
           [p for k, p in paths.items() if k != "storage"],
           {"trial_cost": [t["cost"] for t in sorted(trace, key=lambda t: t["number"])]},
-          inputs=input_files(params, pair) | {"data.calibration": params.data.dir / "calibration.parquet"})
+          inputs=input_files(params, pair) | {"data.calibration": params.data.dir / "calibration.parquet"},
+          children=[{"name": f"trial {t['number']}", "params": {"keep_layers": ",".join(map(str, t["keep_layers"])),
+                                                                "phase": t.get("phase")},
+                     "metrics": {"cost": t["cost"], "seconds": t.get("seconds")}} for t in trace])
     print(json.dumps({k: out[k] for k in ("cost_fn", "keep_layers", "cost", "best_random_cost", "trials",
                                           "search_seconds")}))
 
@@ -176,7 +179,13 @@ def _tune_thresholds(args) -> int:
                "trial_fidelity": [t["fidelity"] for t in trace],
                "trial_task_drop": [t["task_drop"] for t in trace if t.get("task_drop") is not None]},
               inputs=input_files(params, pair, out["task"]) | slim_input
-              | {"data.dev": params.data.dir / "tasks" / out["task"] / "dev.jsonl"})
+              | {"data.dev": params.data.dir / "tasks" / out["task"] / "dev.jsonl"},
+              children=[{"name": f"trial {t['number']}",
+                         "params": {k: t.get(k) for k in ("gamma", "score", "tau_accept", "confidence", "tau_slim",
+                                                          "gate", "max_lag", "verify_lagged")},
+                         "metrics": {**{k: t.get(k) for k in ("cost_per_token", "fidelity", "task_drop", "agreement",
+                                                              "rejection_rate")},
+                                     "feasible": float(bool(t.get("feasible")))}} for t in trace])
         print(json.dumps({"slim": slim} | {k: out[k] for k in ("gamma", "tau_accept", "tau_slim", "score",
                                                                 "confidence", "dev", "cost_vs_sd")}))
     return 0
