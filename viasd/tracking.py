@@ -214,10 +214,7 @@ def _record(root, experiment, run_name, params, metrics, tags, artifacts, series
         batch_metrics = [Metric(k, float(v), now, 0) for k, v in _flatten(metrics).items() if _numeric(v)]
         for name, values in series.items():
             batch_metrics += [Metric(name, float(v), now, i) for i, v in enumerate(values) if _numeric(v)]
-        for i in range(0, max(len(batch_params), 1), 100):
-            client.log_batch(run_id, params=batch_params[i : i + 100])
-        for i in range(0, len(batch_metrics), 1000):
-            client.log_batch(run_id, metrics=batch_metrics[i : i + 1000])
+        client.log_batch(run_id, params=batch_params, metrics=batch_metrics)  # MLflow splits it into allowed sizes
         for path in artifacts:
             if Path(path).exists():
                 client.log_artifact(run_id, str(path))
