@@ -36,6 +36,20 @@ def write_jsonl(path: Path, rows) -> None:
     write_text(path, "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
 
 
+def replace_path(src: Path, dst: Path) -> None:
+    """Move `src` onto `dst` (a file or a directory) by rename, dropping what was there; a directory
+    `dst` is first renamed aside, so `dst` is never half old and half new."""
+    src, dst = Path(src), Path(dst)
+    if dst.is_dir():
+        old = dst.with_name(f".{dst.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(dst, old)
+        os.replace(src, dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(src, dst)
+
+
 @contextmanager
 def atomic_dir(path: Path):
     """Yield a temporary directory beside `path`; on success it replaces `path` in one rename."""
@@ -45,14 +59,7 @@ def atomic_dir(path: Path):
     os.chmod(tmp, 0o755 & ~_UMASK)
     try:
         yield tmp
-        if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+        replace_path(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

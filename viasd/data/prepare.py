@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from ..config import Params
-from ..io import write_json, write_jsonl
+from ..io import replace_path, write_json, write_jsonl
 from ..tasks.base import TaskError
 from . import corpus as corpus_mod
 from .tokenizer import load_tokenizer, train_tokenizer
@@ -101,23 +101,8 @@ def prepare_corpus(params: Params, progress: bool = True) -> Path:
         out_dir.mkdir(exist_ok=True)
         (out_dir / "manifest.json").unlink(missing_ok=True)  # no manifest: an unfinished corpus
         for name in CORPUS_OUTPUTS:  # manifest.json last: its presence marks a finished corpus
-            _replace(tmp / name, out_dir / name)
+            replace_path(tmp / name, out_dir / name)
     return out_dir
-
-
-def _replace(src: Path, dst: Path) -> None:
-    """Move `src` onto `dst` (a file or a directory) in one rename, dropping what was there."""
-    import os
-    import shutil
-
-    if dst.is_dir():
-        old = dst.with_name(f".{dst.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(dst, old)
-        os.replace(src, dst)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(src, dst)
 
 
 def task_path(params: Params, task: str, split: str) -> Path:
