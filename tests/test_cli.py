@@ -73,10 +73,16 @@ def test_console_script_runs(dirs):
 
 @pytest.fixture(scope="module")
 def odd_models(tmp_path_factory):
-    """A draft with another vocabulary, and an encoder-decoder model."""
+    """A draft whose tokenizer maps ids to other tokens, and an encoder-decoder model."""
     root = tmp_path_factory.mktemp("odd")
     other_tok = build_tokenizer(root / "tok", vocab_size=300)
     other = build_model(root / "other-vocab", "llama", 1, 0, other_tok)
+    data = json.loads((other / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    for token, i in list(vocab.items()):  # reverse the order of ids 50..149
+        if 50 <= i < 150:
+            vocab[token] = 199 - i
+    (other / "tokenizer.json").write_text(json.dumps(data))
     t5 = root / "t5"
     torch.manual_seed(0)
     tf.T5ForConditionalGeneration(tf.T5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=1,

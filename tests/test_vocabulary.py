@@ -60,3 +60,23 @@ def test_regular_tokens_beyond_the_output_layer_are_refused(tmp_path):
     with pytest.raises(VocabularyMismatchError, match="regular tokens but a model's output layer has only 300"):
         load_models(dirs["target"], draft=dirs["draft"], device="cpu")
     assert len(bigger) == 400
+
+
+def test_a_draft_vocabulary_that_extends_the_targets_is_usable(tmp_path):
+    """Same ids for every token both know, more tokens in the draft's: decoding cuts the draft's logits
+    to the ids both emit, so the pair runs (and greedy sd equals greedy ar)."""
+    small = build_tokenizer(tmp_path / "small", vocab_size=280)
+    big = build_tokenizer(tmp_path / "big", vocab_size=300)
+    assert all(big.get_vocab()[t] == i for t, i in small.get_vocab().items())  # BPE on the same text extends
+    dirs = {}
+    for role, tok in (("target", small), ("draft", big)):
+        d = tmp_path / role
+        tf.AutoModelForCausalLM.from_config(config_for("llama", 2, len(tok), 0)).save_pretrained(d)
+        tok.save_pretrained(d)
+        dirs[role] = d
+    models = load_models(dirs["target"], draft=dirs["draft"], device="cpu")
+    assert models.vocab_size == len(small)
+    ids = models.encode("def f():")
+    ar = models.generate(ids, DecodePolicy(method="ar", max_new_tokens=8, eos_token_ids=()))
+    sd = models.generate(ids, DecodePolicy(method="sd", gamma=3, max_new_tokens=8, eos_token_ids=()))
+    assert sd.token_ids == ar.token_ids
