@@ -176,10 +176,12 @@ def test_smoke_study_killed_resumed_tracked_and_reported(repo):
     # a task's prompt count re-runs that task's prompts, decodes, evaluations and the report: no training,
     # no mask search, no threshold search (it reads the dev prompts, untouched)
     # (edited in the smoke file itself: another --configfile would change every job's command line)
-    smoke = yaml.safe_load((repo / "config" / "smoke.yaml").read_text())
+    original = (repo / "config" / "smoke.yaml").read_text()
+    smoke = yaml.safe_load(original)
     smoke["tasks"]["stdlib_continuation"]["test_prompts"] -= 1
     (repo / "config" / "smoke.yaml").write_text(yaml.safe_dump(smoke, sort_keys=False))
     planned = snakemake(repo, "-n", "all", *SMOKE)
+    (repo / "config" / "smoke.yaml").write_text(original)
     rules = _planned_rules(planned.stdout + planned.stderr)
     assert rules == {"prepare_task", "decode", "evaluate", "report", "all"}, rules
 
