@@ -15,9 +15,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.mark.slow
 def test_non_editable_install_validates_params_and_loads_metrics(tmp_path):
+    from workflow_helpers import copy_repo
+
+    source = copy_repo(tmp_path / "src")  # what a clone has; the build leaves its build/ there, not in the repo
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--target", str(target), str(REPO)], check=True, cwd=tmp_path)
+                    "--target", str(target), str(source)], check=True, cwd=tmp_path)
     assert (target / "viasd" / "schemas" / "params.schema.yaml").exists()
     run_dir = tmp_path / "run"
     run_dir.mkdir()

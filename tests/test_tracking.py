@@ -21,13 +21,13 @@ def test_stage_runs_nest_under_the_invocation_parent_and_carry_source_tags(tmp_p
     _git(tmp_path, "add", "-A")
     _git(tmp_path, "commit", "-qm", "x")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    parent = tracking.start_parent(tmp_path, "viasd-t", "study/t")
+    parent = tracking.open_run(tmp_path, "viasd-t", "study/t", {"stage": "study"})
     monkeypatch.setenv(tracking.PARENT_ENV, parent)
     child = tracking.record_run(tmp_path, "viasd-t", "decode/p/t/ar", {"a": 1}, {"m": 0.5}, {"stage": "decode"})
     (tmp_path / "params.yaml").write_text("seed: 1\n")  # an uncommitted change to a tracked file
     monkeypatch.delenv(tracking.PARENT_ENV)
     flat = tracking.record_run(tmp_path, "viasd-t", "report", {}, {}, {"stage": "report"})
-    tracking.end_parent(tmp_path, parent, "FAILED")
+    tracking.close_run(tmp_path, parent, "FAILED")
     client = MlflowClient(tracking.tracking_uri(tmp_path))
     child_tags, flat_tags = client.get_run(child).data.tags, client.get_run(flat).data.tags
     assert child_tags["mlflow.parentRunId"] == parent and "mlflow.parentRunId" not in flat_tags

@@ -54,12 +54,11 @@ def test_a_tokenizer_that_maps_ids_to_other_tokens_is_refused(tmp_path):
 def test_regular_tokens_beyond_the_output_layer_are_refused(tmp_path):
     tok = build_tokenizer(tmp_path / "tok", vocab_size=300)
     dirs = save_pair(tmp_path, tok)
-    bigger = build_tokenizer(tmp_path / "big", vocab_size=400)
+    build_tokenizer(tmp_path / "big", vocab_size=400)
     for role in ("target", "draft"):
         shutil.copytree(tmp_path / "big", dirs[role], dirs_exist_ok=True)
     with pytest.raises(VocabularyMismatchError, match="regular tokens but a model's output layer has only 300"):
         load_models(dirs["target"], draft=dirs["draft"], device="cpu")
-    assert len(bigger) == 400
 
 
 def test_a_draft_vocabulary_that_extends_the_targets_is_usable(tmp_path):

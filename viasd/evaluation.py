@@ -82,8 +82,8 @@ def task_quality(task: TaskSpec, examples: list[Example], rows: list[dict], mode
     rest are text metrics from `viasd.metrics`. Examples that carry a `def_indent` (function bodies)
     are scored on the body the output holds, cut where its indentation returns to the `def`'s.
     """
-    from .metrics.code_checks import body_end, compiles, doctest_program, function_source
-    from .metrics.execution import pass_at_1, run_program
+    from .metrics.code_checks import body_compiles, body_end, passes_doctests
+    from .metrics.execution import pass_at_1
     from .metrics.model_metrics import agreement, target_nll
     from .metrics.text_metrics import compute
 
@@ -106,13 +106,10 @@ def task_quality(task: TaskSpec, examples: list[Example], rows: list[dict], mode
                     count += len(row["token_ids"])
             out["nll"] = total / count if count else None
         elif name == "compiles":
-            ok = [compiles(function_source(e.extra["header"], e.extra["docstring"], t)) for e, t in zip(examples, texts)]
+            ok = [body_compiles(e.extra, t) for e, t in zip(examples, texts)]
             out["compiles"] = sum(ok) / max(len(ok), 1)
         elif name == "doctest_pass":
-            runs = [run_program(doctest_program(e.extra["module"], e.extra["name"],
-                                                function_source(e.extra["header"], e.extra["docstring"], t)),
-                                timeout=10.0).passed
-                    for e, t in zip(examples, texts) if e.extra.get("doctest")]
+            runs = [passes_doctests(e.extra, t) for e, t in zip(examples, texts) if e.extra.get("doctest")]
             out["doctest_pass"] = sum(runs) / len(runs) if runs else None
         elif name == "pass_at_1":
             out["pass_at_1"] = pass_at_1(examples, texts, task.stop_strings)["pass_at_1"]

@@ -7,7 +7,7 @@ database under parallel jobs) are retried.
 
 Runs carry MLflow's standard source tags (`mlflow.source.git.commit`, `mlflow.source.name`,
 `mlflow.source.type`) and `git_dirty` (uncommitted changes to tracked files). A workflow invocation
-opens a parent run (`start_parent`, from Snakemake's `onstart`) and exports its id as
+opens a parent run (`open_run` with tag stage=study, from Snakemake's `onstart`) and exports its id as
 `VIASD_PARENT_RUN_ID`; every stage run of that invocation is nested under it (`mlflow.parentRunId`),
 and the parent ends FINISHED or FAILED with the workflow.
 """
@@ -21,6 +21,7 @@ import os
 import subprocess
 import time
 from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -137,10 +138,18 @@ def _retrying(fn, what: str, attempts: int = 5):
 def record_run(root: Path, experiment: str, run_name: str, params: dict, metrics: dict, tags: dict,
                artifacts: Iterable[Path] = (), series: dict[str, list[float]] | None = None,
                attempts: int = 5, run_id: str | None = None) -> str | None:
-    """Log one MLflow run (into `run_id`, opened by `open_run` when the stage started, else a new one)
-    and end it FINISHED; returns its id, or None when tracking failed (the stage still succeeds)."""
-    return _retrying(lambda: _record(root, experiment, run_name, params, metrics, tags, artifacts, series or {},
-                                     run_id), "record the run", attempts)
+    """Log one MLflow run (into `run_id`, opened by `open_run` when the stage started, else one opened
+    here) and end it FINISHED; returns its id, or None when tracking failed (the stage still succeeds).
+    The run is created once: a retry after a locked store logs into the same run."""
+    if run_id is None:
+        run_id = open_run(root, experiment, run_name, tags)
+        if run_id is None:
+            return None
+    if _retrying(lambda: _record(root, run_id, run_name, params, metrics, tags, artifacts, series or {}),
+                 "record the run", attempts):
+        return run_id
+    close_run(root, run_id, "FAILED", "tracking failed; the stage's results are in its output files")
+    return None
 
 
 def _run_tags(root: Path, run_name: str, tags: dict) -> dict:
@@ -197,32 +206,26 @@ def log_live(root: Path, run_id: str, key: str, value: float, step: int) -> None
               "log a metric", attempts=2)
 
 
-def _record(root, experiment, run_name, params, metrics, tags, artifacts, series, run_id=None) -> str:
+def _record(root, run_id, run_name, params, metrics, tags, artifacts, series) -> bool:
+    """Name the open run `run_id` after the stage, log its parameters, metrics and artifacts, end it."""
     from mlflow.entities import Metric, Param, RunTag
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri(root))
-    all_tags = _run_tags(root, run_name, tags)
-    if run_id is None:
-        run_id = client.create_run(_experiment_id(client, experiment), run_name=run_name, tags=all_tags).info.run_id
-    else:
-        client.log_batch(run_id, tags=[RunTag(k, v) for k, v in all_tags.items() if k != "mlflow.parentRunId"])
-    try:
-        now = int(time.time() * 1000)
-        flat = {k: v for k, v in _flatten(params).items() if v is not None}
-        batch_params = [Param(k, str(v)[:6000]) for k, v in sorted(flat.items())]
-        batch_metrics = [Metric(k, float(v), now, 0) for k, v in _flatten(metrics).items() if _numeric(v)]
-        for name, values in series.items():
-            batch_metrics += [Metric(name, float(v), now, i) for i, v in enumerate(values) if _numeric(v)]
-        client.log_batch(run_id, params=batch_params, metrics=batch_metrics)  # MLflow splits it into allowed sizes
-        for path in artifacts:
-            if Path(path).exists():
-                client.log_artifact(run_id, str(path))
-        client.set_terminated(run_id, "FINISHED")
-    except BaseException:
-        client.set_terminated(run_id, "FAILED")
-        raise
-    return run_id
+    now = int(time.time() * 1000)
+    flat = {k: v for k, v in _flatten(params).items() if v is not None}
+    batch_params = [Param(k, str(v)[:6000]) for k, v in sorted(flat.items())]
+    batch_metrics = [Metric(k, float(v), now, 0) for k, v in _flatten(metrics).items() if _numeric(v)]
+    for name, values in series.items():
+        batch_metrics += [Metric(name, float(v), now, i) for i, v in enumerate(values) if _numeric(v)]
+    named = {"mlflow.runName": run_name, **tags}
+    client.log_batch(run_id, params=batch_params, metrics=batch_metrics,  # MLflow splits it into allowed sizes
+                     tags=[RunTag(k, str(v)) for k, v in named.items()])
+    for path in artifacts:
+        if Path(path).exists():
+            client.log_artifact(run_id, str(path))
+    client.set_terminated(run_id, "FINISHED")
+    return True
 
 
 def record_children(root: Path, experiment: str, parent_id: str, children: list[dict]) -> None:
@@ -231,36 +234,28 @@ def record_children(root: Path, experiment: str, parent_id: str, children: list[
     from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
 
-    def record():
-        client = MlflowClient(tracking_uri(root))
-        exp_id = _experiment_id(client, experiment)
-        now = int(time.time() * 1000)
-        for child in children:
-            tags = {"mlflow.runName": child["name"], "mlflow.parentRunId": parent_id, "stage": "trial"}
-            run_id = client.create_run(exp_id, run_name=child["name"], tags=tags).info.run_id
-            params = [Param(k, str(v)[:6000]) for k, v in sorted(_flatten(child.get("params", {})).items())
-                      if v is not None]
-            metrics = [Metric(k, float(v), now, 0) for k, v in _flatten(child.get("metrics", {})).items() if _numeric(v)]
-            client.log_batch(run_id, metrics=metrics, params=params)
-            client.set_terminated(run_id, "FINISHED")
-
-    _retrying(record, "record the trials")
-
-
-def start_parent(root: Path, experiment: str, name: str) -> str:
-    """Open the parent run of one workflow invocation (status RUNNING); returns its id."""
-    from mlflow.tracking import MlflowClient
-
     client = MlflowClient(tracking_uri(root))
-    tags = {"mlflow.runName": name, "stage": "study", **source_tags(root, "snakemake")}
-    return client.create_run(_experiment_id(client, experiment), run_name=name, tags=tags).info.run_id
+    exp_id = _retrying(lambda: _experiment_id(client, experiment), "find the experiment")
+    if exp_id is None:
+        return
+    now = int(time.time() * 1000)
 
+    def create(name):
+        tags = {"mlflow.runName": name, "mlflow.parentRunId": parent_id, "stage": "trial"}
+        return client.create_run(exp_id, run_name=name, tags=tags).info.run_id
 
-def end_parent(root: Path, run_id: str, status: str) -> None:
-    """Close a parent run: FINISHED or FAILED."""
-    from mlflow.tracking import MlflowClient
+    def log(run_id, params, metrics):
+        client.log_batch(run_id, metrics=metrics, params=params)
+        client.set_terminated(run_id, "FINISHED")
+        return True
 
-    MlflowClient(tracking_uri(root)).set_terminated(run_id, status)
+    for child in children:  # each child created once; a retry after a locked store logs into the same run
+        run_id = _retrying(partial(create, child["name"]), "record a trial")
+        if run_id is None:
+            return
+        params = [Param(k, str(v)[:6000]) for k, v in sorted(_flatten(child.get("params", {})).items()) if v is not None]
+        metrics = [Metric(k, float(v), now, 0) for k, v in _flatten(child.get("metrics", {})).items() if _numeric(v)]
+        _retrying(partial(log, run_id, params, metrics), "record a trial")
 
 
 def _create_experiment(client, name: str) -> str:

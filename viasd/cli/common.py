@@ -27,11 +27,10 @@ def track(args, params, stage: str, run_name: str, run_params: dict, metrics: di
     to date records nothing: its open run is discarded."""
     if args.no_track:
         return
-    from ..tracking import discard_run, input_hashes, record_run
+    from ..tracking import discard_run, input_hashes, record_children, record_run
 
     root = args.params.resolve().parent
     run_id, args.run_id = getattr(args, "run_id", None), None  # completed (or discarded) here, once
-    from ..tracking import record_children
 
     if metrics.get("up_to_date"):
         if run_id:
@@ -102,9 +101,12 @@ def stage_parser(sub, name: str, help: str, func):
 
 
 def load_params(args):
+    """The command's parameters, parsed once per process (`open_stage_run` may have parsed them)."""
     from .. import config
 
-    return config.load(args.params, args.config)
+    if getattr(args, "loaded_params", None) is None:
+        args.loaded_params = config.load(args.params, args.config)
+    return args.loaded_params
 
 
 

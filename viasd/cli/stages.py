@@ -155,6 +155,7 @@ def _add_tune_thresholds(sub) -> None:
 def _tune_thresholds(args) -> int:
     from ..stages.slims import mask_file, slim_spec
     from ..stages.thresholds_stage import run_thresholds_stage, threshold_paths
+    from ..tasks.base import examples_path
 
     params = load_params(args)
     pair = params.pair(args.pair)
@@ -179,7 +180,7 @@ def _tune_thresholds(args) -> int:
                "trial_fidelity": [t["fidelity"] for t in trace],
                "trial_task_drop": [t["task_drop"] for t in trace if t.get("task_drop") is not None]},
               inputs=input_files(params, pair, out["task"]) | slim_input
-              | {"data.dev": params.data.dir / "tasks" / out["task"] / "dev.jsonl"},
+              | {"data.dev": examples_path(params.data.dir, out["task"], "dev")},
               children=[{"name": f"trial {t['number']}",
                          "params": {k: t.get(k) for k in ("gamma", "score", "tau_accept", "confidence", "tau_slim",
                                                           "gate", "max_lag", "verify_lagged")},
@@ -293,16 +294,16 @@ def _add_tracking_init(sub) -> None:
 
 
 def _tracking_init(args) -> int:
-    from ..tracking import end_parent, init_store, start_parent
+    from ..tracking import close_run, init_store, open_run
 
     params = load_params(args)
     if args.no_track:
         return 0
     root = args.params.resolve().parent
     if args.end_parent:
-        end_parent(root, args.end_parent, args.status)
+        close_run(root, args.end_parent, args.status)
     elif args.start_parent:
-        print(start_parent(root, experiment(params), args.start_parent))
+        print(open_run(root, experiment(params), args.start_parent, {"stage": "study"}) or "")
     else:
         print(init_store(root, experiment(params)))
     return 0

@@ -105,15 +105,12 @@ def prepare_corpus(params: Params, progress: bool = True) -> Path:
     return out_dir
 
 
-def task_path(params: Params, task: str, split: str) -> Path:
-    return params.data.dir / "tasks" / task / f"{split}.jsonl"
-
-
 def prepare_tasks(params: Params, tasks: list[str] | None = None, splits: tuple[str, ...] = ("dev", "test")) -> list[Path]:
     """The prompts and references of `tasks` (default: every task under `tasks:`) for `splits`, one
     file per task and split (`tasks/<task>/<split>.jsonl`), built with the prepared tokenizer; a
     change to one task's test prompts rewrites that file only."""
     from ..tasks import builtin, hub
+    from ..tasks.base import examples_path
 
     tok_dir = params.data.dir / "tokenizer"
     if not (params.data.dir / "manifest.json").exists():
@@ -140,7 +137,7 @@ def prepare_tasks(params: Params, tasks: list[str] | None = None, splits: tuple[
                                              cfg.get("test_prompts", 64), cfg.get("max_prompt_tokens", 384))
             else:
                 examples = hub.hub_examples(name, split, n, cfg.get("source"))
-            path = task_path(params, name, split)
+            path = examples_path(params.data.dir, name, split)
             write_jsonl(path, [e.to_json() for e in examples])
             written.append(path)
     return written

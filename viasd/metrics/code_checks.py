@@ -39,6 +39,21 @@ def compiles(source: str) -> bool:
     return True
 
 
+def body_compiles(extra: dict, body: str) -> bool:
+    """Whether `body` compiles under the signature of a `stdlib_functions` example (`extra`: its
+    `header` and `docstring`)."""
+    return compiles(function_source(extra["header"], extra["docstring"], body))
+
+
+def passes_doctests(extra: dict, body: str, timeout: float = 10.0) -> bool:
+    """Whether the example's function (`extra`: `module`, `name`, `header`, `docstring`) with `body`
+    passes its docstring's doctests, run in the sandbox of `viasd.metrics.execution`."""
+    from .execution import run_program
+
+    source = function_source(extra["header"], extra["docstring"], body)
+    return run_program(doctest_program(extra["module"], extra["name"], source), timeout=timeout).passed
+
+
 def doctest_program(module: str, name: str, source: str) -> str:
     """A program that imports the stdlib `module`, defines `source` (the function `name`) in that
     module's namespace and runs the docstring's doctests; exit status 1 if one fails."""

@@ -55,18 +55,15 @@ def spread_windows(stream, sequences: int, length: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def greedy_agreement(reference_logp: torch.Tensor, forward, tokens: torch.Tensor, vocab_size: int,
-                     batch_size: int = 8) -> dict:
-    """Teacher-forced comparison of a model (`forward(input_ids) -> logits`) with a reference whose
-    log-probabilities on `tokens` `[N, T]` are `reference_logp` `[N, T-1, V]`: `agreement` = share of
-    positions where both argmaxes are the same token, `nll` = the model's mean NLL of the real next
-    tokens (nats/token)."""
-    same = total_nll = count = 0.0
+def greedy_choices(forward, tokens: torch.Tensor, vocab_size: int, batch_size: int = 8) -> tuple[torch.Tensor, float]:
+    """A model's teacher-forced greedy choices on `tokens` `[N, T]` (`forward(input_ids) -> logits`):
+    the argmax ids `[N, T-1]` and the mean NLL of the real next tokens (nats/token). Batch by batch,
+    so the full log-probabilities `[N, T-1, V]` are never held."""
+    choices, total = [], 0.0
     for start in range(0, tokens.shape[0], batch_size):
         batch = tokens[start : start + batch_size]
         logp = log_probs(forward, batch, vocab_size, batch_size)
-        ref = reference_logp[start : start + batch.shape[0]]
-        same += (logp.argmax(-1) == ref.argmax(-1)).sum().item()
-        total_nll -= logp.gather(-1, batch[:, 1:, None].cpu()).sum().item()
-        count += logp.shape[0] * logp.shape[1]
-    return {"agreement": same / count, "nll": total_nll / count}
+        choices.append(logp.argmax(-1))
+        total -= logp.gather(-1, batch[:, 1:, None].cpu()).sum().item()
+    argmax = torch.cat(choices)
+    return argmax, total / argmax.numel()

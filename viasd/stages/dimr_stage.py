@@ -163,7 +163,7 @@ def family_agreement(params: Params, pair: Pair, models, masks: dict) -> dict:
     split (the trained family; hub pairs, whose tokenizer is another, on the calibration set)."""
     from ..models import load_model
     from ..routing import RoutingMask, SlimVerifier
-    from ..search.calibration import greedy_agreement, log_probs, spread_windows
+    from ..search.calibration import greedy_choices, spread_windows
     from ..training.train import load_token_stream
 
     length, sequences = params.data.calibration_length, params.data.calibration_sequences
@@ -175,7 +175,6 @@ def family_agreement(params: Params, pair: Pair, models, masks: dict) -> dict:
     device = next(target.parameters()).device
     tokens = tokens.to(device)
     vocab = models.vocab_size
-    ref = log_probs(lambda ids: target(input_ids=ids, use_cache=False).logits, tokens, vocab)
     forwards = {"target": target, "draft": models.draft}
     n = target.config.num_hidden_layers
     forwards.update({name: SlimVerifier(target, RoutingMask.from_layers(keep, n)).model for name, keep in masks.items()})
@@ -183,9 +182,11 @@ def family_agreement(params: Params, pair: Pair, models, masks: dict) -> dict:
         forwards["independent"] = load_model(pair.independent, device=str(device), dtype=pair.dtype,
                                              trust_remote_code=pair.trust_remote_code)
     out = {"split": split, "tokens": int(tokens.shape[0] * (tokens.shape[1] - 1))}
+    reference = None  # the target's choices: the first model measured
     for name, model in forwards.items():
-        scores = greedy_agreement(ref, lambda ids, m=model: m(input_ids=ids, use_cache=False).logits, tokens, vocab)
-        out[name] = {k: round(v, 4) for k, v in scores.items()}
+        choices, nll = greedy_choices(lambda ids, m=model: m(input_ids=ids, use_cache=False).logits, tokens, vocab)
+        reference = choices if reference is None else reference
+        out[name] = {"agreement": round((choices == reference).float().mean().item(), 4), "nll": round(nll, 4)}
     return out
 
 

@@ -86,39 +86,37 @@ def family_rows(params: Params, pair: str) -> list[dict]:
     if not paths["mask"].exists():
         raise StudyInputError(f"no DIMR mask {paths['mask']}: run `viasd dimr-search --pair {pair}` first")
     mask = json.loads(paths["mask"].read_text())
-    agreement = mask.get("agreement") or {}
+    agreement = mask.get("agreement") or {}  # keyed by role, "slim" and baseline name
+    base = (agreement.get("target") or {}).get("nll")
+
+    def row(label: str, key: str, **fields) -> dict:
+        measured = agreement.get(key) or {}
+        nll = measured.get("nll")
+        return {"model": label, **dict.fromkeys(("shape", "parameters", "train_tokens", "train_seconds", "test_nll",
+                                                 "dimr_cost")), **fields,
+                "agreement": measured.get("agreement"),
+                "nll_vs_target": None if nll is None or base is None else round(nll - base, 4)}
+
     rows = []
     for role in ("target", "draft", "independent"):
         source = getattr(spec, role)
         if source is None:
             continue
-        row = {"model": role, "shape": None, "parameters": None, "train_tokens": None, "train_seconds": None,
-               "test_nll": None, "dimr_cost": None}
-        report = Path(source) / "training.json"
-        config = Path(source) / "config.json"
-        if report.exists():
-            t = json.loads(report.read_text())
-            row.update(parameters=t["parameters"], train_tokens=t["tokens"], train_seconds=t["train_seconds"],
-                       test_nll=t["test_nll"])
-        if config.exists():
-            c = json.loads(config.read_text())
-            row["shape"] = f"{c.get('num_hidden_layers')} × {c.get('hidden_size')}"
-        rows.append(row)
+        fields = {}
+        if (Path(source) / "training.json").exists():
+            t = json.loads((Path(source) / "training.json").read_text())
+            fields = {"parameters": t["parameters"], "train_tokens": t["tokens"], "train_seconds": t["train_seconds"],
+                      "test_nll": t["test_nll"]}
+        if (Path(source) / "config.json").exists():
+            c = json.loads((Path(source) / "config.json").read_text())
+            fields["shape"] = f"{c.get('num_hidden_layers')} × {c.get('hidden_size')}"
+        rows.append(row(role, role, **fields))
     n = mask.get("num_layers")
-    slims = [("slim (DIMR)", mask)] + [(f"slim ({b})", json.loads(paths[b].read_text()))
-                                        for b in ("random", "truncate", "every_other") if paths[b].exists()]
-    for name, m in slims:
-        rows.append({"model": name, "shape": f"{len(m['keep_layers'])} of {n}: {' '.join(map(str, m['keep_layers']))}",
-                     "parameters": None, "train_tokens": None, "train_seconds": None, "test_nll": None,
-                     "dimr_cost": m.get("cost")})
-    keys = {"target": "target", "draft": "draft", "independent": "independent", "slim (DIMR)": "slim",
-            "slim (random)": "random", "slim (truncate)": "truncate", "slim (every_other)": "every_other"}
-    base = (agreement.get("target") or {}).get("nll")
-    for row in rows:
-        measured = agreement.get(keys[row["model"]]) or {}
-        row["agreement"] = measured.get("agreement")
-        nll = measured.get("nll")
-        row["nll_vs_target"] = None if nll is None or base is None else round(nll - base, 4)
+    slims = [("DIMR", "slim", mask)] + [(b, b, json.loads(paths[b].read_text()))
+                                         for b in ("random", "truncate", "every_other") if paths[b].exists()]
+    for label, key, m in slims:
+        rows.append(row(f"slim ({label})", key, dimr_cost=m.get("cost"),
+                        shape=f"{len(m['keep_layers'])} of {n}: {' '.join(map(str, m['keep_layers']))}"))
     return rows
 
 

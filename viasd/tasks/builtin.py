@@ -81,10 +81,11 @@ def function_candidates(f, tokenizer, max_prompt_tokens: int, max_body_tokens: i
                         max_lines: int = 30) -> list[Example]:
     """Every function of source file `f` that can be a `stdlib_functions` example (see the module
     docstring): a docstring first, then a body of `min_lines`..`max_lines` lines and at most
-    `max_body_tokens` tokens that compiles under its signature."""
+    `max_body_tokens` tokens that compiles under its signature. The prompt is tokenized by
+    `with_prompt`, for the examples chosen only."""
     import ast
 
-    from ..metrics.code_checks import body_end, compiles, function_source
+    from ..metrics.code_checks import body_compiles, body_end
 
     try:
         tree = ast.parse(f.text)
@@ -103,62 +104,53 @@ def function_candidates(f, tokenizer, max_prompt_tokens: int, max_body_tokens: i
         body = "".join(lines[doc.end_lineno : node.end_lineno])
         if lines[doc.end_lineno - 1].rstrip().endswith(";") or body_end(body, node.col_offset) != body.rstrip() + "\n":
             continue  # a statement shares the docstring's line, or a line of the body is not indented past the def
-        body_ids = tokenizer(body, add_special_tokens=False)["input_ids"]
-        if len(body_ids) > max_body_tokens:
+        if len(tokenizer(body, add_special_tokens=False)["input_ids"]) > max_body_tokens:
             continue
-        header = "".join(lines[node.lineno - 1 : doc.lineno - 1])
-        header = header[node.col_offset :] if header[: node.col_offset].strip() == "" else header
-        header = textwrap.dedent(header)
-        doc_lines = "".join(lines[doc.lineno - 1 : doc.end_lineno])
-        if not compiles(function_source(header, doc_lines, body)):
-            continue
-        prompt_ids = tokenizer("".join(lines[: doc.end_lineno]), add_special_tokens=False)["input_ids"]
-        prompt_ids = prompt_ids[-max_prompt_tokens:]
-        doctest = parent is tree and ">>>" in ast.get_docstring(node)
-        out.append(Example(
-            id=f"{f.path}:{node.lineno}:{node.name}",
-            prompt=tokenizer.decode(prompt_ids),
-            reference=body,
-            prompt_ids=prompt_ids,
-            extra={"def_indent": node.col_offset, "name": node.name, "header": header, "docstring": doc_lines,
-                   "module": _module_name(f.path) if doctest else None},
-        ))
+        extra = {"def_indent": node.col_offset, "name": node.name,
+                 "header": textwrap.dedent("".join(lines[node.lineno - 1 : doc.lineno - 1])),
+                 "docstring": "".join(lines[doc.lineno - 1 : doc.end_lineno]),
+                 "module": _module_name(f.path) if parent is tree and ">>>" in ast.get_docstring(node) else None,
+                 "prefix": "".join(lines[: doc.end_lineno]), "max_prompt_tokens": max_prompt_tokens}
+        if body_compiles(extra, body):
+            out.append(Example(id=f"{f.path}:{node.lineno}:{node.name}", prompt="", reference=body, extra=extra))
     return out
 
 
-def reference_passes_doctests(example: Example) -> bool:
-    from ..metrics.code_checks import doctest_program, function_source
-    from ..metrics.execution import run_program
-
+def with_prompt(example: Example, tokenizer, doctest: bool) -> Example:
+    """The chosen candidate with its prompt: the last `max_prompt_tokens` tokens of its file up to the end
+    of the docstring."""
     x = example.extra
-    source = function_source(x["header"], x["docstring"], example.reference)
-    return run_program(doctest_program(x["module"], x["name"], source), timeout=10.0).passed
+    prompt_ids = tokenizer(x.pop("prefix"), add_special_tokens=False)["input_ids"][-x.pop("max_prompt_tokens"):]
+    x["doctest"] = doctest
+    return Example(id=example.id, prompt=tokenizer.decode(prompt_ids), reference=example.reference,
+                   prompt_ids=prompt_ids, extra=x)
 
 
 def stdlib_functions(files, tokenizer, n: int, max_prompt_tokens: int, max_body_tokens: int) -> list[Example]:
     """`n` examples from `files` (one split's SourceFiles): every function with doctests its real body
     passes first (at most a quarter of `n`; `extra.doctest` marks them), then one function per file in
     hash order, round after round."""
+    from ..metrics.code_checks import passes_doctests
+
     per_file = []
     for f in sorted(files, key=lambda f: _h(f.path)):
         cands = function_candidates(f, tokenizer, max_prompt_tokens, max_body_tokens)
         if cands:
             per_file.append(sorted(cands, key=lambda e: _h(e.id)))
-    chosen: list[Example] = []
-    for cands in per_file:
-        for e in cands:
-            if len(chosen) < n // 4 and e.extra["module"] and reference_passes_doctests(e):
-                e.extra["doctest"] = True
-                chosen.append(e)
+    doctests = [e for cands in per_file for e in cands if e.extra["module"]]
+    chosen = []
+    for e in doctests:
+        if len(chosen) == n // 4:
+            break
+        if passes_doctests(e.extra, e.reference):
+            chosen.append(with_prompt(e, tokenizer, doctest=True))
     taken = {e.id for e in chosen}
     for round_ in range(max((len(c) for c in per_file), default=0)):
         for cands in per_file:
             if len(chosen) == n:
                 return chosen
             if round_ < len(cands) and cands[round_].id not in taken:
-                e = cands[round_]
-                e.extra["doctest"] = False
-                chosen.append(e)
+                chosen.append(with_prompt(cands[round_], tokenizer, doctest=False))
     if not chosen:
         raise TaskError("stdlib_functions: no function of this split has a docstring and a short body")
     return chosen
