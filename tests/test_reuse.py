@@ -4,10 +4,12 @@ import logging
 import math
 
 import pytest
+import torch
 from conftest import PROMPTS
 from test_stats import check_accounting
 
 from viasd import DecodePolicy
+from viasd.engine import decode
 from viasd.reuse import SharedPrefix, prefix_length
 from viasd.routing import RoutingMask, SlimVerifier
 
@@ -71,4 +73,39 @@ def test_masks_without_a_shared_prefix(model_sets):
     models = model_sets("llama")
     L = models.target.config.num_hidden_layers
     assert SlimVerifier(models.target, RoutingMask.from_layers([1, 2], L)).shared_prefix() is None
-    assert SlimVerifier(models.target, RoutingMask.from_layers([0, 1], L)).shared_prefix() is None  # prefix only
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_early_exit_slim_shares_its_whole_pass(model_sets, tokenizer, arch):
+    """A prefix-only mask (the truncated slim) is the trunk plus the head: its pass computes no layer of
+    its own, an escalation runs only layers k..L-1, and the tokens are those of the unsplit run."""
+    models = model_sets(arch)
+    L = models.target.config.num_hidden_layers
+    slim = SlimVerifier(models.target, RoutingMask.from_layers([0, 1], L))
+    split = slim.shared_prefix()
+    assert split is not None and split.early_exit and split.k == 2
+    kw = dict(method="viasd", gamma=4, max_new_tokens=N_NEW, eos_token_ids=(), tau_accept=1.0, tau_slim=0.3)
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt)["input_ids"]
+        runs = {reuse: decode(ids, DecodePolicy(reuse=reuse, **kw), models.target, models.vocab_size, draft=models.draft,
+                              slims=[slim]) for reuse in (True, False)}
+        shared, plain = runs[True].stats, runs[False].stats
+        assert runs[True].token_ids == runs[False].token_ids
+        check_accounting(shared)
+        assert shared.passes["slim"] == plain.passes["slim"] and shared.passes["target"] == plain.passes["target"]
+        assert shared.layer_tokens["slim"] == 0
+        assert shared.layer_tokens["trunk"] == 2 * shared.tokens_processed["trunk"]
+        assert shared.layer_tokens["target"] == (L - 2) * shared.tokens_processed["target"]
+        assert sum(shared.layer_tokens.values()) < sum(plain.layer_tokens.values())
+
+
+def test_early_exit_head_must_reproduce_the_slim(model_sets, caplog):
+    """A head that is not lm_head(norm(h)) (here: logits scaled after the head) is refused, logged."""
+    models = model_sets("llama")
+    L = models.target.config.num_hidden_layers
+    mask = RoutingMask.from_layers([0, 1], L)
+    split = SharedPrefix(models.target, mask.keep_layers, 2)
+    assert split.check() is None
+    head = split.slim_rest.head
+    split.slim_rest.head = torch.nn.Sequential(head, torch.nn.Hardtanh(-1.0, 1.0))
+    assert "head is not lm_head(norm(h))" in split.check()

@@ -217,7 +217,8 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     assert main(["bench", *base, "--prompts", "1", "--repeats", "1", "--max-new-tokens", "8", "--sweep", "frontier"]) == 0
     front = json.loads(bench_paths(params, "smoke", "stdlib_continuation", "frontier")["json"].read_text())
     names = [p["name"] for p in front["points"]]
-    assert names[:3] == ["ar", "sd", "viasd tuned"] and sum(n.startswith("viasd ta=") for n in names) == 15
+    assert names[:3] == ["ar", "sd", "viasd tuned"] and sum(n.startswith("viasd ta=") for n in names) == 50
+    assert sum(n.endswith(" unchecked") for n in names) == 25
     assert sum(n.startswith("spec_cascade ") for n in names) == 5
     assert all(p["fidelity"] == 1.0 for p in front["points"] if p["method"] in ("ar", "sd"))
     assert bench_paths(params, "smoke", "stdlib_continuation", "frontier")["png"].exists()

@@ -84,7 +84,7 @@ class DecodeSession:
         split = self._shared_prefix(policy, slims)
         self.trunk = None
         if split is not None:  # slim and full model share layers 0..k-1: one trunk pass per position (reuse)
-            from .reuse import RestRunner, TrunkRunner
+            from .reuse import ExitRunner, RestRunner, TrunkRunner
 
             weight = next(target.parameters())
             self.trunk = TrunkRunner(compiled(split.trunk) if policy.compile else split.trunk,
@@ -95,9 +95,12 @@ class DecodeSession:
             self.target = RestRunner("target", compiled(split.target_rest) if policy.compile else split.target_rest,
                                      self.trunk, lambda: split.new_cache("target", kind, capacity), vocab_size,
                                      policy.exact_timing)
-            self.slims = [RestRunner("slim", compiled(split.slim_rest) if policy.compile else split.slim_rest,
-                                     self.trunk, lambda: split.new_cache("slim", kind, capacity), vocab_size,
-                                     policy.exact_timing)]
+            if split.early_exit:  # the slim is the trunk itself: its pass is the head on the trunk's output
+                self.slims = [ExitRunner(split.slim_rest, self.trunk, vocab_size)]
+            else:
+                self.slims = [RestRunner("slim", compiled(split.slim_rest) if policy.compile else split.slim_rest,
+                                         self.trunk, lambda: split.new_cache("slim", kind, capacity), vocab_size,
+                                         policy.exact_timing)]
         else:
             self.target = runner("target", target, lambda: model_cache(target, kind, capacity))
             self.slims = [
@@ -116,8 +119,8 @@ class DecodeSession:
 
     @staticmethod
     def _shared_prefix(policy: DecodePolicy, slims):
-        """The slim/full split when `policy.reuse` applies: viasd, one routed slim that keeps layer 0 and
-        a layout whose forward splits exactly (`reuse.SharedPrefix`); else None."""
+        """The slim/full split when `policy.reuse` applies: viasd, one routed slim that keeps layer 0 (a
+        prefix-only mask included: the early exit) and a layout whose forward splits exactly (`reuse.SharedPrefix`); else None."""
         if not (policy.reuse and policy.method == "viasd" and not policy.tiers_off and len(slims) == 1
                 and isinstance(slims[0], SlimVerifier)):
             return None

@@ -9,11 +9,15 @@ to its first dropped layer `k`. `SharedPrefix` splits both forwards there, Layer
 - the slim's *rest* (its kept layers `>= k`) and the full model's *rest* (layers `k..L-1`) each take
   `h` as `inputs_embeds` and keep their own caches (`RestRunner`), so an escalation starts the full
   forward at layer `k` from the slim's hidden states: the part `rho` of the full pass the slim already
-  did costs nothing.
+  did costs nothing;
+- a mask that keeps only the prefix `0..k-1` (the truncated slim, LayerSkip's early exit) has no rest
+  of its own: its logits are the target's final norm and LM head applied to `h` (`ExitHead`,
+  `ExitRunner`), and the whole slim pass is shared with the full model (`rho = k / L`).
 
 Not every layout accepts a residual stream as `inputs_embeds` (GPT-2 adds position embeddings to it,
-Gemma scales it), so `SharedPrefix.build` checks the split on a probe sequence against the unsplit
-target and falls back (returns None, with the reason logged) when it does not reproduce the logits.
+Gemma scales it), and not every head is `lm_head(norm(h))` (Gemma2 soft-caps its logits), so
+`SharedPrefix.build` checks both split forwards on a probe sequence against the unsplit target and
+slim view, and falls back (returns None, with the reason logged) when they do not reproduce the logits.
 Pure library code: models in, views and runners out.
 """
 
@@ -65,12 +69,18 @@ class SharedPrefix:
         n = num_decoder_layers(target)
         self.target = target
         self.k = k
+        self.keep_layers = tuple(keep_layers)
         self.trunk_layers = tuple(range(k))
         self.slim_layers = tuple(i for i in keep_layers if i >= k)
         self.target_layers = tuple(range(k, n))
         self.trunk = routed_view(target, self.trunk_layers, base=True, final_norm=False)
-        self.slim_rest = routed_view(target, self.slim_layers)
+        self.slim_rest = routed_view(target, self.slim_layers) if self.slim_layers else ExitHead(target)
         self.target_rest = routed_view(target, self.target_layers)
+
+    @property
+    def early_exit(self) -> bool:
+        """True when the slim is the prefix itself: its logits are the head applied to the trunk's output."""
+        return not self.slim_layers
 
     @classmethod
     def build(cls, target: nn.Module, mask) -> SharedPrefix | None:
@@ -79,9 +89,6 @@ class SharedPrefix:
         k = prefix_length(mask.keep_layers)
         if k == 0:
             log.info("reuse off: the mask %s does not keep layer 0, so no layer is shared", list(mask.keep_layers))
-            return None
-        if k == len(mask.keep_layers):
-            log.info("reuse off: the mask keeps only the prefix 0..%d (the slim would have no layer of its own)", k - 1)
             return None
         try:
             split = cls(target, mask.keep_layers, k)
@@ -101,25 +108,62 @@ class SharedPrefix:
         device = next(self.target.parameters()).device
         vocab = self.target.get_output_embeddings().weight.shape[0]
         ids = (torch.arange(length, device=device) * 7919 % max(vocab - 1, 1) + 1)[None]
+        from .routing import SlimVerifier, RoutingMask, num_decoder_layers
+
         full = self.target(input_ids=ids, use_cache=False).logits.float()
+        slim = SlimVerifier(self.target, RoutingMask(self.keep_layers, num_decoder_layers(self.target)))
+        slim_full = slim(ids, use_cache=True).logits.float()
         trunk_cache = _cache_for(self.target, self.trunk_layers, "dynamic", None)
         rest_cache = _cache_for(self.target, self.target_layers, "dynamic", None)
-        rows = []
+        slim_cache = None if self.early_exit else _cache_for(self.target, self.slim_layers, "dynamic", None)
+        rows, slim_rows = [], []
         for part in (ids[:, : length // 2], ids[:, length // 2 :]):
             h = self.trunk(input_ids=part, cache=trunk_cache, use_cache=True).last_hidden_state
             rows.append(self.target_rest(inputs_embeds=h, cache=rest_cache, use_cache=True).logits.float())
-        split = torch.cat(rows, dim=1)
-        scale = full.abs().max().item() or 1.0
+            slim_rows.append(self.slim_rest(inputs_embeds=h, cache=slim_cache, use_cache=True).logits.float())
         tol = 1e-4 if full.dtype == torch.float32 and next(self.target.parameters()).dtype == torch.float32 else 3e-2
-        gap = (split - full).abs().max().item()
-        if gap > tol * scale:
-            return (f"splitting the forward at layer {self.k} changes the logits by {gap:.3g} (max |logit| {scale:.3g}); "
-                    "this layout does not take its residual stream back as inputs_embeds")
+        for who, split, whole in (("full model", torch.cat(rows, dim=1), full),
+                                  ("slim", torch.cat(slim_rows, dim=1), slim_full)):
+            scale = whole.abs().max().item() or 1.0
+            gap = (split - whole).abs().max().item()
+            if gap > tol * scale:
+                return (f"splitting the {who}'s forward at layer {self.k} changes its logits by {gap:.3g} "
+                        f"(max |logit| {scale:.3g}); this layout does not take its residual stream back as "
+                        "inputs_embeds" + (" or its head is not lm_head(norm(h))" if who == "slim" and self.early_exit
+                                           else ""))
         return None
 
     def new_cache(self, part: str, kind: str, capacity: int | None):
         layers = {"trunk": self.trunk_layers, "slim": self.slim_layers, "target": self.target_layers}[part]
         return _cache_for(self.target, layers, kind, capacity)
+
+
+class ExitHead(nn.Module):
+    """The target's final norm and LM head as a module of their own (no weight copied): the residual
+    stream `h` `[B, T, H]` -> `.logits` `[B, T, V]`, the logits of an early exit after the trunk.
+    Takes the keyword arguments of a causal-LM forward (`inputs_embeds`, `cache`, `logits_to_keep`)."""
+
+    def __init__(self, target: nn.Module):
+        from .routing import FINAL_NORMS, find_layer_stack
+
+        super().__init__()
+        body = target
+        for name in find_layer_stack(target)[:-1]:
+            body = body._modules[name]
+        name = next((n for n in FINAL_NORMS if n in body._modules), None)
+        if name is None:
+            raise UnsupportedArchitectureError(
+                f"{type(target).__name__}: no final norm named {' / '.join(FINAL_NORMS)} beside the layer stack")
+        self.norm = body._modules[name]
+        self.head = target.get_output_embeddings()
+        if self.head is None:
+            raise UnsupportedArchitectureError(f"{type(target).__name__} has no output embeddings (LM head)")
+
+    def forward(self, inputs_embeds: torch.Tensor, logits_to_keep: int = 0, **_):
+        from transformers.modeling_outputs import CausalLMOutput
+
+        h = inputs_embeds[:, -logits_to_keep:] if logits_to_keep else inputs_embeds
+        return CausalLMOutput(logits=self.head(self.norm(h)))
 
 
 class TrunkRunner(ModelRunner):
@@ -170,3 +214,45 @@ class RestRunner(ModelRunner):
 
     def _inputs(self, ids: torch.Tensor, upto: int) -> dict:
         return {"inputs_embeds": self.trunk.hidden[:, self.cached : upto]}
+
+
+class ExitRunner(ModelRunner):
+    """The early-exit slim (a prefix-only mask): the head applied to the trunk's hidden states. It has
+    no layers and no cache of its own, so a pass costs one norm and one LM-head product per row asked
+    for; the decoder layers it needs are the trunk's, computed once and reused by the full model."""
+
+    def __init__(self, head: ExitHead, trunk: TrunkRunner, vocab_size: int):
+        self.name = "slim"
+        self.model = head
+        self.trunk = trunk
+        self.vocab_size = vocab_size
+        self.device = trunk.device
+        self._sync = trunk._sync
+        self.cache = None
+        self.cached = self.passes = self.tokens = 0
+        self.seconds = 0.0
+        self.layers = 0
+
+    def start(self) -> None:
+        self.cached = 0
+
+    def rollback(self, n: int) -> None:
+        self.cached = min(self.cached, n)
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, upto: int, n_logits: int) -> torch.Tensor:
+        """The exit logits `[n_logits, V]` of positions `upto-n_logits..upto-1` (the trunk advanced first)."""
+        assert 0 < n_logits <= upto - self.cached, (self.name, self.cached, upto, n_logits)
+        self.trunk.advance(ids, upto)
+        if self._sync:
+            torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        logits = self.model(inputs_embeds=self.trunk.hidden[:, upto - n_logits : upto]).logits
+        logits = logits[0, :, : self.vocab_size].float()
+        if self._sync:
+            torch.cuda.synchronize(self.device)
+        self.seconds += time.perf_counter() - start
+        self.tokens += upto - self.cached
+        self.cached = upto
+        self.passes += 1
+        return logits

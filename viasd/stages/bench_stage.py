@@ -26,8 +26,8 @@ from .thresholds_stage import threshold_paths
 log = logging.getLogger(__name__)
 SWEEPS = ("gamma", "length", "prompt", "position", "frontier")
 # the speed-quality frontier (`--sweep frontier`): the tier thresholds of viasd and spec_cascade's lenience
-FRONTIER_TAU_ACCEPT = {"ratio": (0.5, 1.0, 1.5, 2.0, 3.0), "prob": (0.3, 0.5, 0.7, 0.9)}
-FRONTIER_TAU_SLIM = (0.6, 0.9, float("inf"))
+FRONTIER_TAU_ACCEPT = {"ratio": (0.25, 0.5, 1.0, 2.0, 3.0), "prob": (0.2, 0.35, 0.5, 0.7, 0.9)}
+FRONTIER_TAU_SLIM = (0.3, 0.5, 0.7, 0.9, float("inf"))
 FRONTIER_ALPHA = (0.05, 0.1, 0.2, 0.3, 0.5)
 SWEEP_METHODS = ["hf_ar", "ar", "sd", "viasd"]
 
@@ -218,7 +218,8 @@ def _sweep_plot(out: dict, path) -> None:
 def frontier_table(models, viasd: dict, gamma: int, max_new: int, cascade: dict, engine: dict) -> list:
     """`ar`, `sd`, the tuned `viasd` policy, a grid of `viasd` tier thresholds (the tuned rules, or the
     defaults when the tuned policy is tiers off; the draft gate off, so that every point shows what the
-    tiers themselves trade) and of `spec_cascade` lenience, each a named benchmark method."""
+    tiers themselves trade), each with the lagged tokens checked by the full model (`verify_lagged`) and
+    not (`unchecked`), and of `spec_cascade` lenience, each a named benchmark method."""
     from dataclasses import replace
 
     from ..benchmark import BenchMethod
@@ -232,8 +233,9 @@ def frontier_table(models, viasd: dict, gamma: int, max_new: int, cascade: dict,
     policy = replace(by_name["viasd"].policy, **tuned, gate=0.0)
     grid = FRONTIER_TAU_ACCEPT["prob" if policy.score in PROBABILITY_SCORES else "ratio"]
     table = [by_name["ar"], by_name["sd"], BenchMethod("viasd tuned", replace(by_name["viasd"].policy, **viasd))]
-    table += [BenchMethod(f"viasd ta={ta:g} ts={ts:g}", replace(policy, tau_accept=ta, tau_slim=ts))
-              for ta in grid for ts in FRONTIER_TAU_SLIM]
+    table += [BenchMethod(f"viasd ta={ta:g} ts={ts:g}{'' if vl else ' unchecked'}",
+                          replace(policy, tau_accept=ta, tau_slim=ts, verify_lagged=vl))
+              for vl in (True, False) for ta in grid for ts in FRONTIER_TAU_SLIM]
     table += [BenchMethod(f"spec_cascade a={a:g}", replace(by_name["spec_cascade"].policy, alpha=a))
               for a in FRONTIER_ALPHA]
     return table
