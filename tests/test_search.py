@@ -215,6 +215,32 @@ def test_thresholds_stage_and_infeasible_constraint(study, tmp_path):
     assert again == {slim: {**r, "up_to_date": True} for slim, r in results.items()}
 
 
+def test_a_baseline_mask_equal_to_the_dimr_mask_takes_its_thresholds(study, monkeypatch):
+    """`truncate` is often the DIMR mask itself (a LayerSkip-trained target): its search would tune the
+    same slim again, so it takes the main result, marked, with no search of its own."""
+    from viasd.stages import thresholds_stage
+    from viasd.stages.slims import slim_description
+
+    _, params = study
+    run_dimr_stage(params, progress=False)
+    main = run_thresholds_stage(params, progress=False, slims=["main"])["main"]
+    real = slim_description
+    monkeypatch.setattr(thresholds_stage, "slim_description",
+                        lambda p, pair, spec: main["mask"] if spec.ablation == "mask_every_other" else real(p, pair, spec))
+    paths = threshold_paths(params, "stdlib_continuation", slim="mask_every_other")
+    try:
+        out = run_thresholds_stage(params, progress=False, slims=["main", "mask_every_other"])["mask_every_other"]
+        assert out["same_mask_as"] == "main" and out["slim"] == "mask_every_other" and "up_to_date" not in out
+        assert {k: out[k] for k in POLICY_KEYS} == {k: main[k] for k in POLICY_KEYS}
+        assert json.loads(paths["json"].read_text()) == out and paths["trace"].exists()
+        assert not paths["storage"].exists()  # no search of its own
+        again = run_thresholds_stage(params, progress=False, slims=["main", "mask_every_other"])["mask_every_other"]
+        assert again == {**out, "up_to_date": True}
+    finally:
+        for key in ("json", "trace", "plot"):
+            paths[key].unlink(missing_ok=True)
+
+
 def test_infeasible_constraint_names_it_and_writes_nothing(study, tmp_path):
     """Agreement is made impossible by scoring against a reference of an id no model can emit, so
     no candidate, not even tiers off, can be feasible; the error names the constraint."""

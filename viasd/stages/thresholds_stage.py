@@ -18,11 +18,12 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from ..config import Pair, Params
-from ..io import write_json, write_jsonl
+from ..io import write_json, write_jsonl, write_text
 from ..metrics.quality import QualityConstraints
 from ..search.plots import speed_quality
 from ..search.thresholds import POLICY_KEYS, DevSet, ThresholdConfig, tune_thresholds
@@ -82,10 +83,32 @@ def run_thresholds_stage(params: Params, task: str | None = None, progress: bool
         results["main"] = tune_slim(params, pair, task, "main", progress, common=common)
     shared = results["main"]["pass_cost_s"] if "main" in results else None
     warm = warm_start_points(params, pair.name, task)
+    main_mask = slim_description(params, pair.name, slim_spec("main"))
     for slim in slims:
-        if slim != "main":
+        if slim == "main":
+            continue
+        if "main" in results and slim_description(params, pair.name, slim_spec(slim)) == main_mask:
+            results[slim] = same_mask_as_main(params, pair.name, task, slim, results["main"])
+        else:
             results[slim] = tune_slim(params, pair, task, slim, progress, shared, common=common, warm_start=warm)
     return results
+
+
+def same_mask_as_main(params: Params, pair: str, task: str, slim: str, main: dict) -> dict:
+    """A baseline mask that is the DIMR mask itself (e.g. `truncate` when the search picked the prefix):
+    its search would tune the same slim again, so it takes the main result, marked `same_mask_as`."""
+    result = {**{k: v for k, v in main.items() if k != "up_to_date"}, "slim": slim, "same_mask_as": "main"}
+    main_paths, paths = threshold_paths(params, task, pair, "main"), threshold_paths(params, task, pair, slim)
+    if paths["json"].exists() and json.loads(paths["json"].read_text()) == result:
+        return {**result, "up_to_date": True}
+    log.info("slim %s keeps the same layers as the DIMR mask %s: it takes the main thresholds", slim, main["mask"])
+    write_text(paths["trace"], main_paths["trace"].read_text() if main_paths["trace"].exists() else "")
+    if main_paths["plot"].exists():
+        tmp = paths["plot"].with_name(paths["plot"].name + ".tmp")
+        shutil.copyfile(main_paths["plot"], tmp)
+        tmp.replace(paths["plot"])
+    write_json(paths["json"], result)
+    return result
 
 
 def warm_start_points(params: Params, pair: str, task: str, k: int = WARM_START) -> list[dict]:
