@@ -56,3 +56,21 @@ def model_sets(pair_dirs):
 
 
 PROMPTS = ["def parse(self, text):\n", "import os\n\nclass ", "    return self._"]
+
+
+@pytest.fixture(scope="session")
+def study(tmp_path_factory):
+    """The smoke family trained once per session through the real stages: (folder, params). Tests that
+    write stage outputs into it (masks, thresholds, decodes, bench files) share them."""
+    from study_fixtures import smoke_params
+
+    from viasd import config
+    from viasd.data.prepare import prepare_data
+    from viasd.training.train import train_model
+
+    tmp = tmp_path_factory.mktemp("study")
+    params = config.load(smoke_params(tmp))
+    prepare_data(params, progress=False)
+    for role in ("target", "draft", "independent"):
+        train_model(params, role, progress=False)
+    return tmp, params

@@ -13,9 +13,9 @@ import torch
 from scipy import stats as scipy_stats
 
 from viasd import DecodePolicy, SamplingConfig
-from viasd.acceptance import _leading_true
-from viasd.engine import DecodeSession
-from viasd.sampling import Sampler
+from viasd.decoding.acceptance import leading_true
+from viasd.decoding.engine import DecodeSession
+from viasd.decoding.sampling import Sampler
 
 N = 1500
 ALPHA = 1e-3
@@ -65,7 +65,7 @@ def p_value(counts: dict, dist: dict) -> float:
 
 
 def sample_counts(models, ids, method, block=None, **kw):
-    from viasd.engine import decode
+    from viasd.decoding.engine import decode
 
     counts = {}
     for seed in range(N):
@@ -106,7 +106,7 @@ def _sd_resampling_from_q(s):
     p = s.sampler.probs(p_logits)
     q = s.sampler.probs(s.target.forward(s.ids, s.length + g, g + 1))
     px, qx = p.gather(-1, x[:, None])[:, 0], q.gather(-1, x[:, None])[:, 0]
-    n = _leading_true(s.sampler.uniform(g, x.device) * px < qx)
+    n = leading_true(s.sampler.uniform(g, x.device) * px < qx)
     s.commit(n, s.sampler.sample(q[n]))
 
 

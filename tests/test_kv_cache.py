@@ -6,8 +6,8 @@ import torch
 from tiny_models import config_for
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
+from viasd.decoding.kv_cache import InPlaceLayer, model_cache
 from viasd.errors import PolicyError
-from viasd.kv_cache import InPlaceLayer, model_cache
 
 
 def _states(t, seed):

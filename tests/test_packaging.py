@@ -38,3 +38,21 @@ def test_non_editable_install_validates_params_and_loads_metrics(tmp_path):
     (run_dir / "params.yaml").write_text((REPO / "params.yaml").read_text().replace("gamma: 4 ", "gamma: -4 "))
     bad = subprocess.run([sys.executable, "-c", code], cwd=run_dir, env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "decode.gamma" in bad.stderr
+
+
+def test_the_decoding_library_imports_no_tracking_search_or_workflow():
+    """`viasd.decoding` is pure: importing every module of it loads no tracking, search, parameter or
+    workflow code (checked in a fresh interpreter, so nothing else imported them first)."""
+    import pkgutil
+
+    import viasd.decoding
+
+    modules = [m.name for m in pkgutil.walk_packages(viasd.decoding.__path__, "viasd.decoding.")]
+    code = ("import importlib, sys\n"
+            f"for m in {modules!r}: importlib.import_module(m)\n"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('mlflow', 'optuna', 'dvc', 'snakemake') or "
+            "m.startswith(('viasd.stages', 'viasd.search', 'viasd.tracking', 'viasd.config', 'viasd.cli', "
+            "'viasd.training', 'viasd.evaluation', 'viasd.benchmark')))\n"
+            "print(','.join(bad))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert len(modules) >= 15 and out.stdout.strip() == ""

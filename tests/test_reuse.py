@@ -9,9 +9,9 @@ from conftest import PROMPTS
 from test_stats import check_accounting
 
 from viasd import DecodePolicy
-from viasd.engine import decode
-from viasd.reuse import SharedPrefix, prefix_length
-from viasd.routing import RoutingMask, SlimVerifier
+from viasd.decoding.engine import decode
+from viasd.decoding.reuse import SharedPrefix, prefix_length
+from viasd.decoding.routing import RoutingMask, SlimVerifier
 
 N_NEW = 40
 
@@ -59,7 +59,7 @@ def test_layouts_that_cannot_split_fall_back(model_sets, tokenizer, caplog):
     """GPT-2 adds position embeddings to inputs_embeds, so its split changes the logits: reuse is
     refused (logged) and decoding runs unsplit, with the same tokens."""
     models = model_sets("gpt2")
-    with caplog.at_level(logging.WARNING, logger="viasd.reuse"):
+    with caplog.at_level(logging.WARNING, logger="viasd.decoding.reuse"):
         assert SharedPrefix.build(models.target, models.slims[0].mask) is None
     assert "does not take its residual stream back" in caplog.text
     ids = tokenizer(PROMPTS[1])["input_ids"]

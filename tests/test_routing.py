@@ -8,8 +8,8 @@ import torch
 import transformers as tf
 from tiny_models import ARCHS, config_for
 
+from viasd.decoding.routing import RoutingMask, SlimVerifier, evenly_spaced_mask, find_layer_stack, shares_storage
 from viasd.errors import MaskError, UnsupportedArchitectureError
-from viasd.routing import RoutingMask, SlimVerifier, evenly_spaced_mask, find_layer_stack, shares_storage
 
 STACKS = {"llama": "model.layers", "mistral": "model.layers", "qwen2": "model.layers", "qwen3": "model.layers",
           "gemma2": "model.layers", "phi3": "model.layers", "gpt2": "transformer.h", "gpt_neox": "gpt_neox.layers",

@@ -6,12 +6,12 @@ import pytest
 import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from viasd.acceptance import lossless, proposal_test
+from viasd.decoding.acceptance import lossless, proposal_test
+from viasd.decoding.methods.spec_cascade import cascade_target, defer
+from viasd.decoding.policy import DecodePolicy
+from viasd.decoding.sampling import Sampler, SamplingConfig, residual
+from viasd.decoding.tiers import CONFIDENCES, SCORES, direct_accept
 from viasd.errors import PolicyError
-from viasd.methods.spec_cascade import cascade_target, defer
-from viasd.policy import DecodePolicy
-from viasd.sampling import Sampler, SamplingConfig, residual
-from viasd.tiers import CONFIDENCES, SCORES, direct_accept
 
 CPU = torch.device("cpu")
 

@@ -15,15 +15,14 @@ import torch
 from study_fixtures import smoke_params
 
 from viasd import config, load_models
-from viasd.data.prepare import prepare_data
-from viasd.routing import RoutingMask
+from viasd.decoding.routing import RoutingMask
 from viasd.search.calibration import CalibrationError, load_calibration
 from viasd.search.cost import kl, position_costs
 from viasd.search.dimr import MaskCost, SearchError, top_k_mask
 from viasd.search.thresholds import POLICY_KEYS, InfeasibleError
-from viasd.stages.dimr_stage import mask_paths, run_dimr_stage
-from viasd.stages.thresholds_stage import run_thresholds_stage, threshold_paths, warm_start_points
-from viasd.training.train import train_model
+from viasd.stages.dimr_stage import run_dimr_stage
+from viasd.stages.paths import mask_paths, threshold_paths
+from viasd.stages.thresholds_stage import run_thresholds_stage, warm_start_points
 
 
 def test_kl_by_hand():
@@ -42,16 +41,6 @@ def test_kl_by_hand():
 def test_top_k_mask():
     assert top_k_mask([0.1, 0.9, 0.5, 0.9], 2) == [1, 3]
     assert top_k_mask([0.3, 0.3, 0.3], 1) == [0]
-
-
-@pytest.fixture(scope="module")
-def study(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("search")
-    params = config.load(smoke_params(tmp))
-    prepare_data(params, progress=False)
-    for role in ("target", "draft", "independent"):
-        train_model(params, role, progress=False)
-    return tmp, params
 
 
 def test_full_mask_has_zero_target_cost(study):

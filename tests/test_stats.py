@@ -4,7 +4,7 @@ import pytest
 from conftest import PROMPTS
 
 from viasd import DecodePolicy, SamplingConfig
-from viasd.routing import RoutingMask
+from viasd.decoding.routing import RoutingMask
 
 N_NEW = 40
 MODES = {"greedy": SamplingConfig(), "sampled": SamplingConfig(temperature=1.0, top_p=0.9)}
@@ -96,7 +96,7 @@ def test_max_lag_bounds_the_full_models_lag(model_sets, tokenizer):
 
 
 def test_n_tier_cascade_uses_larger_levels_lazily(model_sets, tokenizer):
-    from viasd.engine import decode
+    from viasd.decoding.engine import decode
 
     models = model_sets("llama")
     slims = [models.slims[0], type(models.slims[0])(models.target, RoutingMask.from_layers([0, 1, 2], 4))]
@@ -134,9 +134,9 @@ def test_independent_intermediate_model(tokenizer, pair_dirs, tmp_path):
     from tiny_models import build_tokenizer
 
     from viasd import load_models
-    from viasd.engine import decode
+    from viasd.decoding.engine import decode
+    from viasd.decoding.intermediate import IndependentVerifier
     from viasd.errors import VocabularyMismatchError
-    from viasd.intermediate import IndependentVerifier
 
     target_dir, draft_dir = pair_dirs("llama")
     other_arch, _ = pair_dirs("gpt2")  # any causal LM with the same tokenizer will do

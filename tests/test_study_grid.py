@@ -10,9 +10,9 @@ from study_fixtures import smoke_params
 
 from viasd import config
 from viasd.config import ConfigError
+from viasd.runs import parse_run
 from viasd.stages.decode_stage import StudyInputError, run_inputs, run_policy
 from viasd.stages.dimr_stage import grid_costs, optuna_storage
-from viasd.stages.runs import parse_run
 from viasd.stages.slims import slims_to_tune
 
 
@@ -124,7 +124,8 @@ def test_hub_pair_resolves_to_its_ids(tmp_path):
 
 def test_prefix_ablation_is_its_own_dimr_search(tmp_path):
     """`viasd-prefix_<n>`: a DIMR mask searched keeping layers 0..n-1, with its own files and thresholds."""
-    from viasd.stages.dimr_stage import grid_searches, mask_paths
+    from viasd.stages.dimr_stage import grid_searches
+    from viasd.stages.paths import mask_paths
     from viasd.stages.slims import mask_file, slim_name, slims_to_tune
 
     params = config.load(smoke_params(tmp_path, {"study": {"runs": ["ar", "viasd", "viasd-prefix_1", "viasd-prefix_2",

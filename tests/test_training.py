@@ -15,22 +15,11 @@ from safetensors.torch import load_file
 from study_fixtures import smoke_params
 
 from viasd import DecodePolicy, config, load_models
-from viasd.data.prepare import prepare_data
 from viasd.errors import VocabularyMismatchError
 from viasd.models import ModelSet
 from viasd.training.train import TrainingError, train_model
 
 TINY = {"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64, "train_tokens": 300000, "lr": 3e-3}
-
-
-@pytest.fixture(scope="module")
-def study(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("train")
-    params = config.load(smoke_params(tmp))
-    prepare_data(params, progress=False)
-    for role in ("target", "draft", "independent"):
-        train_model(params, role, progress=False)
-    return tmp, params
 
 
 def test_family_trains_and_reports(study):
@@ -120,8 +109,8 @@ def test_tokenizer_that_does_not_match_the_models(study, tmp_path):
 
 def test_decode_and_evaluate_commands_on_the_trained_family(study, capsys):
     from viasd.cli import main
-    from viasd.stages.decode_stage import decode_paths
     from viasd.stages.evaluate_stage import eval_path
+    from viasd.stages.paths import decode_paths
 
     src_tmp, params = study
     base = ["--params", str(src_tmp / "params.yaml"), "--no-track", "--task", "stdlib_continuation"]
@@ -148,7 +137,7 @@ def test_decode_and_evaluate_commands_on_the_trained_family(study, capsys):
 def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     """Shape of `viasd bench`'s JSON on two prompts; speed figures are reported, never asserted."""
     from viasd.cli import main
-    from viasd.stages.bench_stage import bench_paths
+    from viasd.stages.paths import bench_paths
 
     src_tmp, params = study
     base = ["--params", str(src_tmp / "params.yaml"), "--no-track"]
@@ -197,6 +186,7 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     assert all(t["logit_gap"] <= 2 * t["noise"] for t in half["numerical_ties"])
     names = bench_paths(params, "p", "t", "gamma", cache="static", compile=True, device="cuda:1", dtype="bfloat16")
     assert names["json"].name == "p-t-sweep-gamma-static-compiled-cuda-bfloat16.json"
+    assert bench_paths(params, "p", "t", reuse=False)["json"].name == "p-t-no_reuse.json"  # decode.reuse is on
 
     assert main(["bench", *base, "--prompts", "1", "--repeats", "1", "--max-new-tokens", "8",
                  "--sweep", "gamma=1,2"]) == 0
@@ -229,8 +219,8 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
 
 def test_bench_refuses_a_speedup_when_outputs_differ(study):
     from viasd.benchmark import BenchError, BenchMethod, run_benchmark
+    from viasd.decoding.policy import DecodePolicy
     from viasd.models import load_models
-    from viasd.policy import DecodePolicy
 
     _, params = study
     models = load_models(params.model_dir("target"), draft=params.model_dir("draft"), device="cpu")

@@ -8,13 +8,13 @@ Notebook use::
     print(out.text, out.stats.rejection_rate)
 """
 
-from .engine import DecodeResult, decode
+from .decoding.engine import DecodeResult, decode
+from .decoding.policy import METHODS, DecodePolicy
+from .decoding.routing import RoutingMask, SlimVerifier
+from .decoding.sampling import SamplingConfig
+from .decoding.stats import DecodeStats
 from .errors import ViasdError
 from .models import ModelSet, load_model, load_models, load_tokenizer
-from .policy import METHODS, DecodePolicy
-from .routing import RoutingMask, SlimVerifier
-from .sampling import SamplingConfig
-from .stats import DecodeStats
 
 __all__ = [
     "DecodePolicy",

@@ -93,8 +93,8 @@ def tie_gap(model: torch.nn.Module, ids: list[int], a: int, b: int, k: int = 8) 
     one at a time through a KV cache (the engine's `ModelRunner`). Both are zero in exact arithmetic;
     the noise is what the dtype's rounding leaves. The gap is read off the parallel forward's last row.
     """
-    from .kv_cache import model_cache
-    from .runner import ModelRunner
+    from .decoding.kv_cache import model_cache
+    from .decoding.runner import ModelRunner
 
     x = torch.tensor([ids], device=next(model.parameters()).device)  # [1, T]
     length = x.shape[1]

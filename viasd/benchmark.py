@@ -33,10 +33,10 @@ from pathlib import Path
 import torch
 
 from .bench_outputs import check_outputs, quality_of, tie_gap  # noqa: F401 (re-exported)
+from .decoding.policy import DecodePolicy
+from .decoding.stats import DecodeStats
 from .errors import BenchError
 from .models import ModelSet
-from .policy import DecodePolicy
-from .stats import DecodeStats
 
 log = logging.getLogger(__name__)
 

@@ -101,7 +101,7 @@ def _check_semantics(raw: dict, source: str) -> None:
     for i, task in enumerate(study["tasks"]):
         if task not in raw["tasks"]:
             raise ConfigError(f"{source}: study.tasks.{i}: {task!r} has no entry under tasks")
-    from .stages.runs import parse_run
+    from .runs import parse_run
 
     for i, run in enumerate(study["runs"]):
         try:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .decoding.policy import DecodePolicy
+from .decoding.stats import DecodeStats
 from .models import ModelSet
-from .policy import DecodePolicy
-from .stats import DecodeStats
 from .tasks.base import Example, TaskSpec
 
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .engine import DecodeResult, decode
+from .decoding.engine import DecodeResult, decode
+from .decoding.intermediate import IndependentVerifier
+from .decoding.policy import DecodePolicy
+from .decoding.routing import RoutingMask, SlimVerifier, num_decoder_layers
 from .errors import ModelLoadError, PromptError, VocabularyMismatchError
-from .intermediate import IndependentVerifier
-from .policy import DecodePolicy
-from .routing import RoutingMask, SlimVerifier, num_decoder_layers
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .search.plots import _pyplot, _save
+from .search.plots import pyplot, save_figure
 
 # how each verified position was settled, in the order of the stack (docs/method.md (statistics))
 TIER_PARTS = (("accepted_direct", "tier 1: accepted directly", "tab:green"),
@@ -18,7 +18,7 @@ TIER_PARTS = (("accepted_direct", "tier 1: accepted directly", "tab:green"),
 def frontier(rows: list[dict], measures: list[str], path: Path, title: str) -> None:
     """Speedup vs ar (x) against each quality measure (y, one panel each), one labelled point per run;
     each panel's Pareto front joined. `task_drop` is plotted as is (lower is better)."""
-    plt = _pyplot()
+    plt = pyplot()
     measures = measures or ["agreement"]
     fig, axes = plt.subplots(1, len(measures), figsize=(6 * len(measures), 4.5), squeeze=False)
     for ax, key in zip(axes[0], measures):
@@ -42,14 +42,14 @@ def frontier(rows: list[dict], measures: list[str], path: Path, title: str) -> N
         ax.set_ylabel(key + (" (points below ar; lower is better)" if key == "task_drop" else ""))
         ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=10)
-    _save(fig, path)
+    save_figure(fig, path)
     plt.close(fig)
 
 
 def tier_breakdown(rows: list[dict], path: Path, title: str) -> None:
     """Per run, the share of verified positions settled by each tier (stacked bars), with full-model
     passes per generated token on a second axis."""
-    plt = _pyplot()
+    plt = pyplot()
     # shares of all tier decisions (cascade_sd's slim-hop rejections are decisions on another level, so a
     # bar is normalised by its own total rather than by the full model's verified positions)
     rows = [r for r in rows if sum(r.get(key, 0) for key, _, _ in TIER_PARTS)]
@@ -71,5 +71,5 @@ def tier_breakdown(rows: list[dict], path: Path, title: str) -> None:
     handles = ax.get_legend_handles_labels()
     extra = passes.get_legend_handles_labels()
     ax.legend(handles[0] + extra[0], handles[1] + extra[1], fontsize=7, loc="upper left", bbox_to_anchor=(1.1, 1))
-    _save(fig, path)
+    save_figure(fig, path)
     plt.close(fig)

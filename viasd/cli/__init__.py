@@ -8,8 +8,8 @@ import logging
 import sys
 
 from ..errors import ViasdError
-from .bench import _add_bench
-from .generate import _add_generate
+from .bench import add_bench
+from .generate import add_generate
 from .stages import (
     _add_decode,
     _add_dimr_search,
@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    _add_generate(sub)
+    add_generate(sub)
     _add_prepare_data(sub)
     _add_train_model(sub)
     _add_decode(sub)
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tune_thresholds(sub)
     _add_evaluate(sub)
     _add_report(sub)
-    _add_bench(sub)
+    add_bench(sub)
     _add_resolve_params(sub)
     _add_tracking_init(sub)
     return parser

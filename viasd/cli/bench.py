@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..decoding.policy import CACHE_KINDS
 from ..errors import ViasdError
-from ..policy import CACHE_KINDS
 from .common import add_pair, load_params, stage_parser, track
 
 
-def _add_bench(sub) -> None:
+def add_bench(sub) -> None:
     from ..benchmark import HF, OURS
 
     p = stage_parser(sub, "bench", "speed side by side: our methods vs transformers generate / assisted generation",

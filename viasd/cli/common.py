@@ -129,7 +129,7 @@ def scalars(data: dict) -> dict:
 
 def grid_cell(args):
     """Parameters, pair and run of a `--pair/--task/--run` command."""
-    from ..stages.runs import parse_run
+    from ..runs import parse_run
 
     params = load_params(args)
     try:

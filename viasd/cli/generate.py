@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from ..decoding.policy import CACHE_KINDS, DEFAULT_CACHE
 from ..errors import ViasdError
-from ..policy import CACHE_KINDS, DEFAULT_CACHE
 
 
 def _float(text: str) -> float:
@@ -19,9 +19,9 @@ def _float(text: str) -> float:
 
 
 
-def _add_generate(sub) -> None:
-    from ..policy import METHODS, SPEC_CASCADE_RULES
-    from ..tiers import CONFIDENCES, SCORES
+def add_generate(sub) -> None:
+    from ..decoding.policy import METHODS, SPEC_CASCADE_RULES
+    from ..decoding.tiers import CONFIDENCES, SCORES
 
     p = sub.add_parser("generate", help="decode one prompt with any method and print text + statistics",
                        description="Decode one prompt with any method; print the completion and statistics.")
@@ -74,10 +74,10 @@ def _add_generate(sub) -> None:
 
 
 def _generate(args) -> int:
+    from ..decoding.policy import DecodePolicy
+    from ..decoding.routing import RoutingMask, num_decoder_layers
+    from ..decoding.sampling import SamplingConfig
     from ..models import load_models
-    from ..policy import DecodePolicy
-    from ..routing import RoutingMask, num_decoder_layers
-    from ..sampling import SamplingConfig
 
     if args.prompt_file is not None:
         try:

@@ -104,7 +104,8 @@ def _dimr_search(args) -> int:
 
 
 def _dimr_search_one(args, params, pair, **overrides) -> None:
-    from ..stages.dimr_stage import mask_paths, run_dimr_stage
+    from ..stages.dimr_stage import run_dimr_stage
+    from ..stages.paths import mask_paths
 
     out = run_dimr_stage(params, pair=pair, **overrides)
     paths = mask_paths(params, pair.name, out["cost_fn"], out["config"].get("keep_prefix", 0))
@@ -128,7 +129,7 @@ def _dimr_search_one(args, params, pair, **overrides) -> None:
 
 
 def _slim_name(text: str) -> str:
-    from ..stages.runs import parse_run
+    from ..runs import parse_run
     from ..stages.slims import SLIM_ABLATIONS
 
     try:
@@ -153,8 +154,9 @@ def _add_tune_thresholds(sub) -> None:
 
 
 def _tune_thresholds(args) -> int:
+    from ..stages.paths import threshold_paths
     from ..stages.slims import mask_file, slim_spec
-    from ..stages.thresholds_stage import run_thresholds_stage, threshold_paths
+    from ..stages.thresholds_stage import run_thresholds_stage
     from ..tasks.base import examples_path
 
     params = load_params(args)
@@ -201,7 +203,8 @@ def _add_decode(sub) -> None:
 
 
 def _decode(args) -> int:
-    from ..stages.decode_stage import decode_paths, run_decode_stage
+    from ..stages.decode_stage import run_decode_stage
+    from ..stages.paths import decode_paths
 
     params, pair, spec = grid_cell(args)
     summary = run_decode_stage(params, pair.name, args.task, spec.name, args.limit)
@@ -246,7 +249,8 @@ def _add_report(sub) -> None:
 
 
 def _report(args) -> int:
-    from ..stages.report_stage import report_paths, run_report_stage
+    from ..stages.paths import report_paths
+    from ..stages.report_stage import run_report_stage
 
     params = load_params(args)
     out = run_report_stage(params)

@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from ..decoding.routing import RoutingMask, SlimVerifier, evenly_spaced_mask, num_decoder_layers
 from ..errors import ViasdError
-from ..routing import RoutingMask, SlimVerifier, evenly_spaced_mask, num_decoder_layers
 from .calibration import log_probs
 from .cost import COSTS, position_costs
 

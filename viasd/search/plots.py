@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -14,7 +14,7 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: Path) -> None:
+def save_figure(fig, path: Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
@@ -24,7 +24,7 @@ def _save(fig, path: Path) -> None:
 
 def search_curve(trials: list[dict], path: Path, title: str) -> None:
     """Cost of every trial and the best so far, random phase and Bayesian phase in two colours."""
-    plt = _pyplot()
+    plt = pyplot()
     trials = sorted(trials, key=lambda t: t["number"])
     fig, ax = plt.subplots(figsize=(7, 4))
     best, best_so_far = float("inf"), []
@@ -45,13 +45,13 @@ def search_curve(trials: list[dict], path: Path, title: str) -> None:
     ax.set_yscale("log")
     ax.set_title(title)
     ax.legend()
-    _save(fig, path)
+    save_figure(fig, path)
     plt.close(fig)
 
 
 def layer_keep_frequency(trials: list[dict], num_layers: int, path: Path, title: str, top: float = 0.2) -> None:
     """How often each layer is kept among the best `top` share of trials."""
-    plt = _pyplot()
+    plt = pyplot()
     ranked = sorted(trials, key=lambda t: t["cost"])
     best = ranked[: max(1, int(len(ranked) * top))]
     freq = [sum(layer in t["keep_layers"] for t in best) / len(best) for layer in range(num_layers)]
@@ -62,7 +62,7 @@ def layer_keep_frequency(trials: list[dict], num_layers: int, path: Path, title:
     ax.set_ylabel(f"kept in best {int(top * 100)}%")
     ax.set_ylim(0, 1)
     ax.set_title(title)
-    _save(fig, path)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -70,7 +70,7 @@ def speed_quality(trials: list[dict], best: dict, quality, path: Path, title: st
     """Cost per token of every threshold candidate against fidelity (left) and the task-quality drop vs
     ar (right): feasible / infeasible trials, the tiers-off (SD) points, the bounds and the chosen point.
     `quality`: the search's `QualityConstraints`."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     panels = ((axes[0], "fidelity", "fidelity (tokens = target's greedy choice given the prefix)",
                quality.min_fidelity),
@@ -97,5 +97,5 @@ def speed_quality(trials: list[dict], best: dict, quality, path: Path, title: st
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
-    _save(fig, path)
+    save_figure(fig, path)
     plt.close(fig)

@@ -21,12 +21,12 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 
+from ..decoding.policy import DecodePolicy
+from ..decoding.stats import DecodeStats
 from ..errors import ViasdError
 from ..metrics.model_metrics import agreement, score_outputs
 from ..metrics.quality import QualityConstraints, main_metric, task_drop
 from ..models import ModelSet
-from ..policy import DecodePolicy
-from ..stats import DecodeStats
 from ..tasks.base import Example, TaskSpec
 
 log = logging.getLogger(__name__)
@@ -184,9 +184,17 @@ def suggest_policy(trial, base: DecodePolicy, cfg: ThresholdConfig) -> DecodePol
                    score=score, tau_accept=tau_accept,
                    confidence=trial.suggest_categorical("confidence", list(cfg.confidences)),
                    tau_slim=trial.suggest_float("tau_slim", *cfg.tau_slim),
-                   gate=trial.suggest_float("gate", *cfg.gate) if cfg.gate[1] > cfg.gate[0] else cfg.gate[0],
+                   gate=_suggest_gate(trial, cfg),
                    max_lag=trial.suggest_categorical("max_lag", list(cfg.max_lag)),
                    verify_lagged=trial.suggest_categorical("verify_lagged", list(cfg.verify_lagged)))
+
+
+def _suggest_gate(trial, cfg: ThresholdConfig) -> float:
+    """The draft gate: first whether it is on at all (off is the lower bound, usually 0: a value the
+    continuous range alone would almost never draw), then its threshold."""
+    if cfg.gate[1] <= cfg.gate[0] or not trial.suggest_categorical("gate_on", [False, True]):
+        return cfg.gate[0]
+    return trial.suggest_float("gate", *cfg.gate)
 
 
 POLICY_KEYS = ("gamma", "tau_accept", "tau_slim", "score", "confidence", "gate", "max_lag", "verify_lagged")
@@ -205,8 +213,10 @@ def tiers_off_points(dev: DevSet, cfg: ThresholdConfig, study) -> list[dict]:
     if "tiers_off_points" in study.user_attrs:
         return [{**p, "tau_accept": OFF, "tau_slim": OFF} for p in study.user_attrs["tiers_off_points"]]
     shared = dev.shared
-    if shared.tiers_off is not None and shared.pass_cost == dev.pass_cost:
-        points = [{**p, "violations": cfg.quality.violations(p)} for p in shared.tiers_off]
+    if shared.tiers_off is not None and all(k in dev.pass_cost for p in shared.tiers_off for k in p["passes_per_token"]):
+        # the same SD decodes (no slim runs in them), costed with this search's per-pass costs
+        points = [_recosted(p, dev) for p in shared.tiers_off]
+        points = [{**p, "violations": cfg.quality.violations(p)} for p in points]
         points = [{**p, "feasible": not p["violations"]} for p in points]
         study.set_user_attr("tiers_off_points", [{**p, "tau_accept": "inf", "tau_slim": "inf"} for p in points])
         return points
@@ -222,6 +232,12 @@ def tiers_off_points(dev: DevSet, cfg: ThresholdConfig, study) -> list[dict]:
     return points
 
 
+def _recosted(point: dict, dev: DevSet) -> dict:
+    """A measured point's cost under `dev`'s per-pass costs (its pass counts are the same)."""
+    cost = sum(n * dev.pass_cost[k] for k, n in point["passes_per_token"].items())
+    return {**point, "cost_per_token": cost, "speedup_model_vs_ar": dev.full_pass_cost() / cost if cost else None}
+
+
 def search_params(point: dict, cfg: ThresholdConfig) -> dict:
     """The Optuna parameters (`suggest_policy`'s names) of a policy `point` (a trial of another search)."""
     score = point["score"]
@@ -229,7 +245,9 @@ def search_params(point: dict, cfg: ThresholdConfig) -> dict:
            "max_lag": point["max_lag"], "verify_lagged": point["verify_lagged"],
            ("tau_accept_prob" if score in PROBABILITY_SCORES else "tau_accept_ratio"): point["tau_accept"]}
     if cfg.gate[1] > cfg.gate[0]:
-        out["gate"] = point["gate"]
+        out["gate_on"] = point["gate"] > cfg.gate[0]
+        if out["gate_on"]:
+            out["gate"] = point["gate"]
     return out
 
 

@@ -18,10 +18,8 @@ from ..benchmark import (
 )
 from ..config import Params
 from ..io import write_json, write_text
-from ..policy import DEFAULT_CACHE
 from .decode_stage import TUNED_KEYS, engine_options
-from .dimr_stage import mask_paths
-from .thresholds_stage import threshold_paths
+from .paths import bench_paths, mask_paths, threshold_paths
 
 log = logging.getLogger(__name__)
 SWEEPS = ("gamma", "length", "prompt", "position", "frontier")
@@ -30,18 +28,6 @@ FRONTIER_TAU_ACCEPT = {"ratio": (0.25, 0.5, 1.0, 2.0, 3.0), "prob": (0.2, 0.35, 
 FRONTIER_TAU_SLIM = (0.3, 0.5, 0.7, 0.9, float("inf"))
 FRONTIER_ALPHA = (0.05, 0.1, 0.2, 0.3, 0.5)
 SWEEP_METHODS = ["hf_ar", "ar", "sd", "viasd"]
-
-
-def bench_paths(params: Params, pair: str, task: str, sweep: str | None = None, cache: str = DEFAULT_CACHE,
-                compile: bool = False, device: str = "cpu", dtype: str = "float32", reuse: bool = False) -> dict:
-    """reports/bench/<pair>-<task>[-sweep-<kind>][-<cache>][-compiled][-reuse][-<device>][-<dtype>].{json,md,png}:
-    a cache kind other than `inplace`, torch.compile, reuse, a device other than the CPU and a dtype other
-    than float32 are in the name, so runs of each setting sit side by side (`device` is a type: `cuda`)."""
-    base = params.reports_dir / "bench"
-    tags = [t for t, default in ((cache, DEFAULT_CACHE), ("compiled" if compile else "", ""), ("reuse" if reuse else "", ""),
-                                 (device.split(":")[0], "cpu"), (dtype, "float32")) if t != default]
-    stem = "-".join([f"{pair}-{task}", *([f"sweep-{sweep}"] if sweep else []), *tags])
-    return {"json": base / f"{stem}.json", "md": base / f"{stem}.md", "png": base / f"{stem}.png"}
 
 
 def run_setting(models) -> dict:
@@ -189,9 +175,9 @@ def _write_sweep(params, pair, task, kind, values, methods, points, gamma, max_n
 
 
 def _sweep_plot(out: dict, path) -> None:
-    from ..search.plots import _pyplot, _save
+    from ..search.plots import pyplot, save_figure
 
-    plt = _pyplot()
+    plt = pyplot()
     kind = out["sweep"]
     position = kind == "position"
     fig, axes = plt.subplots(1, 1 if position else 2, figsize=(5 if position else 10, 4), squeeze=False)
@@ -211,7 +197,7 @@ def _sweep_plot(out: dict, path) -> None:
         ax.grid(alpha=0.3)
     speed.legend(fontsize=8)
     fig.suptitle(f"{out['pair']} on {out['task']}: cost vs {kind}", fontsize=10)
-    _save(fig, path)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -290,9 +276,9 @@ def run_frontier(params: Params, pair: str, models, task: str, prompts: int, max
 
 
 def _frontier_plot(out: dict, path) -> None:
-    from ..search.plots import _pyplot, _save
+    from ..search.plots import pyplot, save_figure
 
-    plt = _pyplot()
+    plt = pyplot()
     measures = [("fidelity", "fidelity (share of tokens = target's greedy choice)")]
     if out["task_metric"]:
         measures.append(("task_score", f"{out['task_metric']} against the reference"))
@@ -313,5 +299,5 @@ def _frontier_plot(out: dict, path) -> None:
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.suptitle(f"{out['pair']} on {out['task']}: speed vs quality, side by side", fontsize=10)
-    _save(fig, path)
+    save_figure(fig, path)
     plt.close(fig)

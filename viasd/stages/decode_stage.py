@@ -14,8 +14,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..config import Params
-from ..policy import DEFAULT_CACHE, DecodePolicy
-from .runs import RunSpec, parse_run
+from ..decoding.policy import DEFAULT_CACHE, DecodePolicy
+from ..runs import RunSpec, parse_run
+from .paths import decode_paths, threshold_paths
 from .slims import (
     StudyInputError,
     load_run_models,
@@ -24,7 +25,6 @@ from .slims import (
     slim_description,
     threshold_slim,
 )
-from .thresholds_stage import threshold_paths
 
 # what a thresholds file sets of the viasd policy (the search's POLICY_KEYS)
 TUNED_KEYS = ("gamma", "tau_accept", "tau_slim", "score", "confidence", "gate", "max_lag", "verify_lagged")
@@ -39,11 +39,6 @@ def engine_options(params: Params, given: dict | None = None) -> dict:
     options = {"cache": section.get("cache", DEFAULT_CACHE), "compile": bool(section.get("compile", False)),
                "reuse": bool(section.get("reuse", False))}
     return {**options, **{k: v for k, v in (given or {}).items() if v is not None}}
-
-
-def decode_paths(params: Params, pair: str, task: str, run: str) -> dict:
-    base = params.reports_dir / "decode" / pair / task
-    return {"rows": base / f"{run}.jsonl", "summary": base / f"{run}.json"}
 
 
 def run_inputs(params: Params, pair: str, task: str, run: str | RunSpec) -> dict[str, Path]:

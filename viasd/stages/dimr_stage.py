@@ -25,6 +25,7 @@ from ..io import write_json, write_jsonl
 from ..search.calibration import load_calibration
 from ..search.dimr import DimrConfig, MaskCost, baseline_mask, dimr_search, result_json
 from ..search.plots import layer_keep_frequency, search_curve
+from .paths import main_cost, main_prefix, mask_paths
 
 log = logging.getLogger(__name__)
 
@@ -34,45 +35,10 @@ def dimr_config(params: Params, **overrides) -> DimrConfig:
     return DimrConfig(seed=params.seed, **{**section, **overrides})
 
 
-def main_cost(params: Params) -> str:
-    return params.raw.get("dimr", {}).get("cost", "path")
-
-
-def mask_dir(params: Params, pair: str) -> Path:
-    return params.models_dir / "masks" / pair
-
-
-def plot_dir(params: Params, pair: str) -> Path:
-    return params.reports_dir / "dimr" / pair
-
-
-def main_prefix(params: Params) -> int:
-    return int(params.raw.get("dimr", {}).get("keep_prefix", 0))
-
-
-def mask_paths(params: Params, pair: str | None = None, cost: str | None = None, prefix: int | None = None) -> dict:
-    """Output paths of the pair's search; `cost` other than `dimr.cost` names the cost-ablation search,
-    `prefix` other than `dimr.keep_prefix` the prefix-ablation search (layers 0..prefix-1 kept)."""
-    pair = pair or params.pair().name
-    masks, plots = mask_dir(params, pair), plot_dir(params, pair)
-    if prefix not in (None, main_prefix(params)) and cost in (None, main_cost(params)):
-        name = f"prefix-{prefix}"
-        return {"mask": masks / f"{name}.json", "trace": masks / f"{name}.trace.jsonl",
-                "curve": plots / f"{name}-search.png", "layers": plots / f"{name}-layers.png",
-                "storage": params.models_dir / "optuna" / f"dimr-{pair}.db"}
-    if cost in (None, main_cost(params)):
-        return {"mask": masks / "mask.json", "trace": masks / "trace.jsonl", "curve": plots / "search.png",
-                "layers": plots / "layers.png", "storage": params.models_dir / "optuna" / f"dimr-{pair}.db",
-                **{b: masks / f"{b}.json" for b in ("random", "truncate", "every_other")}}
-    return {"mask": masks / f"cost-{cost}.json", "trace": masks / f"cost-{cost}.trace.jsonl",
-            "curve": plots / f"cost-{cost}-search.png", "layers": plots / f"cost-{cost}-layers.png",
-            "storage": params.models_dir / "optuna" / f"dimr-{pair}.db"}
-
-
 def grid_searches(params: Params) -> list[dict]:
     """Every DIMR search the study needs, as overrides of `dimr`: the main one (`{}`), each other cost a
     `cost_<fn>` run asks for, and each prefix a `prefix_<n>` run asks for."""
-    from .runs import parse_run
+    from ..runs import parse_run
 
     out = [{}] + [{"cost": c} for c in grid_costs(params)[1:]]
     for run in params.study["runs"]:
@@ -84,7 +50,7 @@ def grid_searches(params: Params) -> list[dict]:
 
 def grid_costs(params: Params) -> list[str]:
     """The cost functions the study needs searched: `dimr.cost`, plus any a `cost_<fn>` run asks for."""
-    from .runs import parse_run
+    from ..runs import parse_run
 
     costs = [main_cost(params)]
     for run in params.study["runs"]:
@@ -161,8 +127,8 @@ def family_agreement(params: Params, pair: Pair, models, masks: dict) -> dict:
     """Teacher-forced greedy agreement with the target, and NLL, of the draft, each slim of `masks`
     (name -> kept layers) and the pair's independent model, on windows spread over the corpus's test
     split (the trained family; hub pairs, whose tokenizer is another, on the calibration set)."""
+    from ..decoding.routing import RoutingMask, SlimVerifier
     from ..models import load_model
-    from ..routing import RoutingMask, SlimVerifier
     from ..search.calibration import greedy_choices, spread_windows
     from ..training.train import load_token_stream
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 
 from ..config import Params
-from .decode_stage import StudyInputError, decode_paths
+from .decode_stage import StudyInputError
+from .paths import decode_paths
 
 
 def eval_path(params: Params, pair: str, task: str, run: str):

@@ -29,11 +29,11 @@ from pathlib import Path
 from ..config import Params
 from ..io import write_json, write_text
 from ..report_plots import frontier, tier_breakdown
+from ..runs import parse_run
 from .decode_stage import StudyInputError
 from .evaluate_stage import eval_path
-from .runs import parse_run
+from .paths import report_paths, threshold_paths
 from .slims import slims_to_tune
-from .thresholds_stage import threshold_paths
 
 COLUMNS = (("run", "run"), ("method", "method"), ("ablation", "ablation"), ("rejection_rate", "rejection rate"),
            ("acceptance_rate", "acceptance"), ("mean_accepted_length", "mean acc. length"),
@@ -50,26 +50,6 @@ def grid(params: Params) -> list[tuple[str, str, str]]:
     return [(p, t, parse_run(r).name) for p in s["pairs"] for t in s["tasks"] for r in s["runs"]]
 
 
-def report_paths(params: Params) -> dict:
-    base = params.reports_dir
-    out = {"summary": base / "summary.md", "metrics": base / "metrics.json"}
-    for pair in params.study["pairs"]:
-        for task in params.study["tasks"]:
-            key = f"{pair}-{task}"
-            out[f"{key}.md"] = base / "tables" / f"{key}.md"
-            out[f"{key}.csv"] = base / "tables" / f"{key}.csv"
-            out[f"{key}-frontier"] = base / "plots" / f"{key}-frontier.png"
-            out[f"{key}-tiers"] = base / "plots" / f"{key}-tiers.png"
-            out[f"{key}-slims.md"] = base / "tables" / f"{key}-slims.md"
-            out[f"{key}-slims.csv"] = base / "tables" / f"{key}-slims.csv"
-            out[f"{key}-positions.md"] = base / "tables" / f"{key}-positions.md"
-    for pair in params.study["pairs"]:
-        out[f"{pair}-family.md"] = base / "tables" / f"{pair}-family.md"
-        out[f"{pair}-family.csv"] = base / "tables" / f"{pair}-family.csv"
-    out["stage-times"] = base / "tables" / "stage-times.md"
-    return out
-
-
 FAMILY_COLUMNS = (("model", "model"), ("shape", "layers × hidden"), ("parameters", "parameters"),
                   ("train_tokens", "training tokens"), ("train_seconds", "training s"), ("test_nll", "test NLL"),
                   ("nll_vs_target", "NLL − target's"), ("agreement", "greedy agreement with target"),
@@ -79,7 +59,7 @@ FAMILY_COLUMNS = (("model", "model"), ("shape", "layers × hidden"), ("parameter
 def family_rows(params: Params, pair: str) -> list[dict]:
     """The pair's models (training reports of the trained family) and slims (kept layers, DIMR cost),
     each with its teacher-forced greedy agreement with the target (measured by `viasd dimr-search`)."""
-    from .dimr_stage import mask_paths
+    from .paths import mask_paths
 
     spec = params.pair(pair)
     paths = mask_paths(params, pair)

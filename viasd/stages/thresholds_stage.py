@@ -20,7 +20,6 @@ import logging
 import math
 import shutil
 from dataclasses import asdict, replace
-from pathlib import Path
 
 from ..config import Pair, Params
 from ..io import write_json, write_jsonl, write_text
@@ -29,6 +28,7 @@ from ..search.plots import speed_quality
 from ..search.thresholds import POLICY_KEYS, DevSet, ThresholdConfig, tune_thresholds
 from ..tasks import get_task, load_examples
 from .dimr_stage import optuna_storage, study_name
+from .paths import threshold_paths
 from .slims import load_run_models, mask_file, slim_description, slim_spec, slims_to_tune
 
 log = logging.getLogger(__name__)
@@ -48,19 +48,6 @@ def threshold_config(params: Params) -> ThresholdConfig:
 def _json_value(value):
     """Off tiers (inf) as the string "inf", which `DecodePolicy` reads back as a float."""
     return "inf" if isinstance(value, float) and math.isinf(value) else value
-
-
-def threshold_dirs(params: Params, task: str, pair: str | None = None) -> dict[str, Path]:
-    name = f"{pair or params.pair().name}-{task}"
-    return {"models": params.models_dir / "thresholds" / name, "plots": params.reports_dir / "thresholds" / name}
-
-
-def threshold_paths(params: Params, task: str, pair: str | None = None, slim: str = "main") -> dict:
-    pair = pair or params.pair().name
-    dirs = threshold_dirs(params, task, pair)
-    return {"json": dirs["models"] / f"{slim}.json", "trace": dirs["models"] / f"{slim}.trace.jsonl",
-            "storage": params.models_dir / "optuna" / f"thresholds-{pair}-{task}-{slim}.db",
-            "plot": dirs["plots"] / f"{slim}.png"}
 
 
 def run_thresholds_stage(params: Params, task: str | None = None, progress: bool = True,
@@ -133,7 +120,7 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
         cfg = replace(cfg, n_trials=section["ablation_trials"])
     paths = threshold_paths(params, task, pair.name, slim)
     spec = slim_spec(slim)
-    from .decode_stage import engine_options  # (decode_stage imports this module)
+    from .decode_stage import engine_options  # decode_stage imports this module
 
     engine = engine_options(params)
     signature = {"config": asdict(cfg), "engine": engine, "task": task, "dev_prompts": section.get("dev_prompts"),

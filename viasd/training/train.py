@@ -36,11 +36,12 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
 from ..config import Params
+from ..decoding.routing import RoutingMask, SlimVerifier
 from ..errors import ViasdError
 from ..io import atomic_dir, write_json
-from ..routing import RoutingMask, SlimVerifier
 from .family import count_parameters, llama_config
 
 log = logging.getLogger(__name__)
@@ -104,16 +105,6 @@ def exit_point(n_kept: int, step: int, seed: int, role: str) -> int | None:
     return int(torch.randint(1, n_kept, (1,), generator=g))
 
 
-def _lr_lambda(total: int, warmup: int):
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = (step - warmup) / max(1, total - warmup)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-    return f
-
-
 @torch.no_grad()
 def perplexity(model, stream: np.ndarray, seq_len: int, max_tokens: int) -> tuple[float, float]:
     """(mean NLL in nats/token, perplexity) over consecutive windows of the first `max_tokens` tokens."""
@@ -173,8 +164,10 @@ def train_model(params: Params, role: str, progress: bool = True, stop_after: in
     tokens_per_step = tp.batch_size * tp.seq_len
     total_steps = max(1, arch.train_tokens // tokens_per_step)
     optimizer = torch.optim.AdamW(model.parameters(), lr=arch.lr, betas=(0.9, 0.95), weight_decay=tp.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, _lr_lambda(total_steps, max(1, int(tp.warmup_fraction * total_steps))))
+    # linear warm-up, then cosine decay to a tenth of the peak rate
+    scheduler = get_cosine_with_min_lr_schedule_with_warmup(
+        optimizer, num_warmup_steps=max(1, int(tp.warmup_fraction * total_steps)), num_training_steps=total_steps,
+        min_lr_rate=0.1)
     step, losses, elapsed = 0, [], 0.0
     ckpt = ckpt_dir / "checkpoint.pt"
     if ckpt.exists():

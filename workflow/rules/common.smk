@@ -6,7 +6,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 
 from viasd import config as viasd_config
-from viasd.stages.runs import parse_run
+from viasd.runs import parse_run
 
 import os
 

@@ -13,7 +13,7 @@ import torch
 from .sampling import Sampler, residual
 
 
-def _leading_true(mask: torch.Tensor) -> int:
+def leading_true(mask: torch.Tensor) -> int:
     """Number of leading True values of a `[g]` bool tensor (one host sync)."""
     return int(mask.to(torch.int64).cumprod(0).sum().item())
 
@@ -30,7 +30,7 @@ def lossless(x: torch.Tensor, p: torch.Tensor | None, q_logits: torch.Tensor, sa
     g = x.shape[0]
     if sampler.greedy:
         choice = q_logits.argmax(-1)  # [g+1]
-        n = _leading_true(x == choice[:g])
+        n = leading_true(x == choice[:g])
         return n, choice[n]
     q = sampler.probs(q_logits)
     return proposal_test(x, p, q[:g], q[g], sampler)
@@ -47,7 +47,7 @@ def proposal_test(x: torch.Tensor, p: torch.Tensor, target: torch.Tensor, bonus:
     px = p.gather(-1, x[:, None])[:, 0]
     tx = target.gather(-1, x[:, None])[:, 0]
     u = sampler.uniform(g, x.device)
-    n = _leading_true(u * px < tx)  # u < min(1, t(x)/p(x)) without dividing
+    n = leading_true(u * px < tx)  # u < min(1, t(x)/p(x)) without dividing
     if n < g:
         return n, sampler.sample(residual(target[n], p[n]))
     return n, sampler.sample(bonus)

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicLayer
 
-from .errors import PolicyError
+from ..errors import PolicyError
 from .policy import CACHE_KINDS, DEFAULT_CACHE
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from ..acceptance import _leading_true, proposal_test
+from ..acceptance import leading_true, proposal_test
 from .sd import record_full_verification
 
 
@@ -78,7 +78,7 @@ def block(s) -> None:
         else:
             keep = ~defer(pol.rule, pol.alpha, p, q[:g])
         choice = q_logits.argmax(-1)
-        n = _leading_true(keep | (x == choice[:g]))
+        n = leading_true(keep | (x == choice[:g]))
         token = choice[n]
     else:
         pi = cascade_target(pol.rule, pol.alpha, p, q[:g])

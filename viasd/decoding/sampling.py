@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import PolicyError
+from ..errors import PolicyError
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..errors import PolicyError, PromptError
 from .compilation import compiled
-from .errors import PolicyError, PromptError
 from .intermediate import IndependentVerifier
 from .kv_cache import model_cache
 from .policy import DecodePolicy

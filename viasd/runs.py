@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..policy import METHODS
+from .decoding.policy import METHODS
 
 ROUTED = ("cascade_sd", "viasd")  # methods with a slim verifier
 _GAMMA = re.compile(r"gamma_([1-9][0-9]*)$")

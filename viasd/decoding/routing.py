@@ -32,7 +32,7 @@ from pathlib import Path
 from torch import nn
 from transformers.cache_utils import DummyLayer
 
-from .errors import MaskError, UnsupportedArchitectureError
+from ..errors import MaskError, UnsupportedArchitectureError
 from .kv_cache import model_cache
 
 

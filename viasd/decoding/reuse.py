@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .errors import UnsupportedArchitectureError
+from ..errors import UnsupportedArchitectureError
 from .kv_cache import model_cache
 from .runner import ModelRunner
 
@@ -108,7 +108,7 @@ class SharedPrefix:
         device = next(self.target.parameters()).device
         vocab = self.target.get_output_embeddings().weight.shape[0]
         ids = (torch.arange(length, device=device) * 7919 % max(vocab - 1, 1) + 1)[None]
-        from .routing import SlimVerifier, RoutingMask, num_decoder_layers
+        from .routing import RoutingMask, SlimVerifier, num_decoder_layers
 
         full = self.target(input_ids=ids, use_cache=False).logits.float()
         slim = SlimVerifier(self.target, RoutingMask(self.keep_layers, num_decoder_layers(self.target)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .errors import PolicyError
+from ..errors import PolicyError
 from .sampling import SamplingConfig
 
 METHODS = ("ar", "sd", "cascade_sd", "spec_cascade", "viasd")

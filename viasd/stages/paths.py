@@ -1,0 +1,107 @@
+"""Where every stage's files live, in one place: each stage and the workflow ask here, by pair, task,
+run or slim, instead of asking one another. Paths only: nothing is read or written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..config import Params
+from ..decoding.policy import DEFAULT_CACHE
+
+
+def main_cost(params: Params) -> str:
+    return params.raw.get("dimr", {}).get("cost", "path")
+
+
+
+def mask_dir(params: Params, pair: str) -> Path:
+    return params.models_dir / "masks" / pair
+
+
+
+def plot_dir(params: Params, pair: str) -> Path:
+    return params.reports_dir / "dimr" / pair
+
+
+
+def main_prefix(params: Params) -> int:
+    return int(params.raw.get("dimr", {}).get("keep_prefix", 0))
+
+
+
+def mask_paths(params: Params, pair: str | None = None, cost: str | None = None, prefix: int | None = None) -> dict:
+    """Output paths of the pair's search; `cost` other than `dimr.cost` names the cost-ablation search,
+    `prefix` other than `dimr.keep_prefix` the prefix-ablation search (layers 0..prefix-1 kept)."""
+    pair = pair or params.pair().name
+    masks, plots = mask_dir(params, pair), plot_dir(params, pair)
+    if prefix not in (None, main_prefix(params)) and cost in (None, main_cost(params)):
+        name = f"prefix-{prefix}"
+        return {"mask": masks / f"{name}.json", "trace": masks / f"{name}.trace.jsonl",
+                "curve": plots / f"{name}-search.png", "layers": plots / f"{name}-layers.png",
+                "storage": params.models_dir / "optuna" / f"dimr-{pair}.db"}
+    if cost in (None, main_cost(params)):
+        return {"mask": masks / "mask.json", "trace": masks / "trace.jsonl", "curve": plots / "search.png",
+                "layers": plots / "layers.png", "storage": params.models_dir / "optuna" / f"dimr-{pair}.db",
+                **{b: masks / f"{b}.json" for b in ("random", "truncate", "every_other")}}
+    return {"mask": masks / f"cost-{cost}.json", "trace": masks / f"cost-{cost}.trace.jsonl",
+            "curve": plots / f"cost-{cost}-search.png", "layers": plots / f"cost-{cost}-layers.png",
+            "storage": params.models_dir / "optuna" / f"dimr-{pair}.db"}
+
+
+
+def threshold_dirs(params: Params, task: str, pair: str | None = None) -> dict[str, Path]:
+    name = f"{pair or params.pair().name}-{task}"
+    return {"models": params.models_dir / "thresholds" / name, "plots": params.reports_dir / "thresholds" / name}
+
+
+
+def threshold_paths(params: Params, task: str, pair: str | None = None, slim: str = "main") -> dict:
+    pair = pair or params.pair().name
+    dirs = threshold_dirs(params, task, pair)
+    return {"json": dirs["models"] / f"{slim}.json", "trace": dirs["models"] / f"{slim}.trace.jsonl",
+            "storage": params.models_dir / "optuna" / f"thresholds-{pair}-{task}-{slim}.db",
+            "plot": dirs["plots"] / f"{slim}.png"}
+
+
+
+def decode_paths(params: Params, pair: str, task: str, run: str) -> dict:
+    base = params.reports_dir / "decode" / pair / task
+    return {"rows": base / f"{run}.jsonl", "summary": base / f"{run}.json"}
+
+
+
+def bench_paths(params: Params, pair: str, task: str, sweep: str | None = None, cache: str = DEFAULT_CACHE,
+                compile: bool = False, device: str = "cpu", dtype: str = "float32", reuse: bool | None = None) -> dict:
+    """reports/bench/<pair>-<task>[-sweep-<kind>][-<cache>][-compiled][-reuse|-no_reuse][-<device>][-<dtype>]
+    .{json,md,png}: a cache kind other than `inplace`, torch.compile, reuse other than `decode.reuse`, a
+    device other than the CPU and a dtype other than float32 are in the name, so runs of each setting sit
+    side by side (`device` is a type: `cuda`)."""
+    base = params.reports_dir / "bench"
+    reuse_default = bool(params.raw.get("decode", {}).get("reuse", False))
+    reuse = reuse_default if reuse is None else reuse
+    tags = [t for t, default in ((cache, DEFAULT_CACHE), ("compiled" if compile else "", ""),
+                                 ("reuse" if reuse else "no_reuse", "reuse" if reuse_default else "no_reuse"),
+                                 (device.split(":")[0], "cpu"), (dtype, "float32")) if t != default]
+    stem = "-".join([f"{pair}-{task}", *([f"sweep-{sweep}"] if sweep else []), *tags])
+    return {"json": base / f"{stem}.json", "md": base / f"{stem}.md", "png": base / f"{stem}.png"}
+
+
+
+def report_paths(params: Params) -> dict:
+    base = params.reports_dir
+    out = {"summary": base / "summary.md", "metrics": base / "metrics.json"}
+    for pair in params.study["pairs"]:
+        for task in params.study["tasks"]:
+            key = f"{pair}-{task}"
+            out[f"{key}.md"] = base / "tables" / f"{key}.md"
+            out[f"{key}.csv"] = base / "tables" / f"{key}.csv"
+            out[f"{key}-frontier"] = base / "plots" / f"{key}-frontier.png"
+            out[f"{key}-tiers"] = base / "plots" / f"{key}-tiers.png"
+            out[f"{key}-slims.md"] = base / "tables" / f"{key}-slims.md"
+            out[f"{key}-slims.csv"] = base / "tables" / f"{key}-slims.csv"
+            out[f"{key}-positions.md"] = base / "tables" / f"{key}-positions.md"
+    for pair in params.study["pairs"]:
+        out[f"{pair}-family.md"] = base / "tables" / f"{pair}-family.md"
+        out[f"{pair}-family.csv"] = base / "tables" / f"{pair}-family.csv"
+    out["stage-times"] = base / "tables" / "stage-times.md"
+    return out
