@@ -277,6 +277,13 @@ def test_dvc_repro_reruns_only_what_a_parameter_change_touches(repo):
     deps = {d["path"]: d["md5"] for d in lock["decode@smoke-stdlib_continuation-viasd"]["deps"]}
     assert tags["dvc_md5.model.target"] == deps["models-smoke/smoke/target"]
     assert tags["dvc_md5.thresholds"] == deps["models-smoke/thresholds/smoke-stdlib_continuation"]
+    # one parent run for the invocation: every stage's run nested under it, FINISHED with the last stage
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    parents = [r for r in runs if r.data.tags.get("stage") == "study"]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED" and "viasd.dvc_invocation" in parents[0].data.tags
+    stages = [r for r in runs if r.data.tags.get("stage") not in ("study", "trial")]
+    assert len(stages) >= 8  # training, searches, decodes, evaluations, report: all nested
+    assert {r.data.tags.get("mlflow.parentRunId") for r in stages} == {parents[0].info.run_id}
 
     # the study's headline is DVC's metrics file; an experiment on a parameter re-runs what it touches only
     metrics = json.loads(run([str(BIN / "dvc"), "metrics", "show", "--json"], repo).stdout)

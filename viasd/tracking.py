@@ -14,8 +14,6 @@ and the parent ends FINISHED or FAILED with the workflow.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import subprocess
@@ -64,25 +62,22 @@ def source_tags(root: Path, name: str) -> dict:
     return tags
 
 
-def file_md5(path: Path) -> str:
-    digest = hashlib.md5()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def dvc_md5(path: Path) -> str | None:
-    """The hash DVC 3 records for `path` in dvc.lock: md5 of a file's bytes; for a directory, md5 of
-    the JSON list of its files' {md5, relpath} sorted by relpath, plus `.dir`."""
+    """The hash DVC records for `path` in dvc.lock (a file's md5; a directory's `<md5>.dir`), computed by
+    DVC's own hashing library (`dvc_data`) without adding anything to a cache; None if `path` is absent."""
+    import tempfile
+
+    from dvc_data.hashfile.build import build
+    from dvc_data.hashfile.db import HashFileDB
+    from dvc_objects.fs.local import LocalFileSystem
+
     path = Path(path)
-    if path.is_file():
-        return file_md5(path)
-    if not path.is_dir():
+    if not path.exists():
         return None
-    entries = sorted(({"md5": file_md5(f), "relpath": f.relative_to(path).as_posix()}
-                      for f in path.rglob("*") if f.is_file()), key=lambda e: e["relpath"])
-    return hashlib.md5(json.dumps(entries, sort_keys=True).encode("utf-8")).hexdigest() + ".dir"
+    fs = LocalFileSystem()
+    with tempfile.TemporaryDirectory() as staging:
+        _, _, obj = build(HashFileDB(fs, staging), str(path.resolve()), fs, "md5", dry_run=True)
+    return obj.hash_info.value
 
 
 def input_hashes(inputs: dict[str, Path]) -> dict[str, str]:
@@ -152,12 +147,53 @@ def record_run(root: Path, experiment: str, run_name: str, params: dict, metrics
     return None
 
 
-def _run_tags(root: Path, run_name: str, tags: dict) -> dict:
+def _run_tags(root: Path, run_name: str, tags: dict, nested: bool = True) -> dict:
     all_tags = {"mlflow.runName": run_name, **source_tags(root, f"viasd {run_name.split('/')[0]}"), **tags}
     parent = os.environ.get(PARENT_ENV)
-    if parent:
+    if parent and nested:
         all_tags["mlflow.parentRunId"] = parent
     return {k: str(v) for k, v in all_tags.items()}
+
+
+def dvc_invocation() -> str | None:
+    """Under `dvc repro` / `dvc exp run` (DVC sets `DVC_STAGE` for every stage command): an id of the DVC
+    process running the stages, its pid and start time from /proc, so that the stages of one invocation
+    find one parent run (`dvc_parent_run`); None outside DVC or where /proc cannot tell (no parent)."""
+    if "DVC_STAGE" not in os.environ:
+        return None
+    pid = os.getppid()
+    for _ in range(4):  # the stage command, the shell DVC started it with, DVC itself
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        if any(Path(a.decode(errors="replace")).name == "dvc" for a in argv[:2]):
+            return f"{pid}:{fields[19]}"  # stat field 22, the start time: pids are reused, this pair is not
+        pid = int(fields[1])
+    return None
+
+
+def dvc_parent_run(root: Path, experiment: str, invocation: str) -> str | None:
+    """The parent run of the DVC invocation `invocation` (opened by its first stage, RUNNING again while a
+    later stage runs; each stage leaves it FINISHED or FAILED with itself, so it ends as the invocation
+    does)."""
+    from mlflow.tracking import MlflowClient
+
+    def find():
+        client = MlflowClient(tracking_uri(root))
+        found = client.search_runs([_experiment_id(client, experiment)],
+                                   f"tags.`viasd.dvc_invocation` = '{invocation}'", max_results=1)
+        if not found:
+            return None
+        client.update_run(found[0].info.run_id, "RUNNING")
+        return found[0].info.run_id
+
+    run_id = _retrying(find, "find the DVC invocation's parent run")
+    if run_id is None:
+        run_id = open_run(root, experiment, "study/dvc", {"stage": "study", "viasd.dvc_invocation": invocation},
+                          nested=False)
+    return run_id
 
 
 def _experiment_id(client, experiment: str) -> str:
@@ -165,15 +201,16 @@ def _experiment_id(client, experiment: str) -> str:
     return found.experiment_id if found else _create_experiment(client, experiment)
 
 
-def open_run(root: Path, experiment: str, run_name: str, tags: dict | None = None) -> str | None:
-    """Open a stage's run when the stage starts (RUNNING, nested under the invocation's parent): live
-    metrics go to it, a crash ends it FAILED with the error, `record_run` completes it."""
+def open_run(root: Path, experiment: str, run_name: str, tags: dict | None = None, nested: bool = True) -> str | None:
+    """Open a stage's run when the stage starts (RUNNING, nested under the invocation's parent unless
+    `nested` is false): live metrics go to it, a crash ends it FAILED with the error, `record_run`
+    completes it."""
     from mlflow.tracking import MlflowClient
 
     def create():
         client = MlflowClient(tracking_uri(root))
         return client.create_run(_experiment_id(client, experiment), run_name=run_name,
-                                 tags=_run_tags(root, run_name, tags or {})).info.run_id
+                                 tags=_run_tags(root, run_name, tags or {}, nested)).info.run_id
 
     return _retrying(create, "open the run")
 

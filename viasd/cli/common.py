@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ..errors import ViasdError
@@ -49,7 +50,7 @@ def open_stage_run(args) -> None:
     args.run_id = None
     if getattr(args, "no_track", True) or args.command in ("tracking-init", "resolve-params"):
         return
-    from ..tracking import open_run
+    from ..tracking import PARENT_ENV, dvc_invocation, dvc_parent_run, open_run
 
     try:
         params = load_params(args)
@@ -57,20 +58,29 @@ def open_stage_run(args) -> None:
         return  # the stage itself reports the bad parameters
     cell = [str(getattr(args, k)) for k in ("role", "pair", "task", "run") if getattr(args, k, None)]
     name = "/".join([args.command.replace("-", "_"), *cell])
-    args.run_id = open_run(args.params.resolve().parent, experiment(params), name,
-                           {"stage": args.command.replace("-", "_")})
+    root = args.params.resolve().parent
+    invocation = None if os.environ.get(PARENT_ENV) else dvc_invocation()
+    if invocation:  # a DVC stage: nested under its invocation's parent run, as Snakemake's jobs are
+        args.dvc_parent = dvc_parent_run(root, experiment(params), invocation)
+        if args.dvc_parent:
+            os.environ[PARENT_ENV] = args.dvc_parent
+    args.run_id = open_run(root, experiment(params), name, {"stage": args.command.replace("-", "_")})
 
 
 def close_stage_run(args, error: BaseException | None) -> None:
     """End the stage's run if `track` did not complete it: FAILED with the error, else FINISHED."""
-    run_id = getattr(args, "run_id", None)
-    if not run_id:
-        return
     from ..tracking import close_run
 
-    args.run_id = None
-    close_run(args.params.resolve().parent, run_id, "FAILED" if error else "FINISHED",
-              f"{type(error).__name__}: {error}" if error else None)
+    run_id = getattr(args, "run_id", None)
+    if run_id:
+        args.run_id = None
+        close_run(args.params.resolve().parent, run_id, "FAILED" if error else "FINISHED",
+                  f"{type(error).__name__}: {error}" if error else None)
+    parent = getattr(args, "dvc_parent", None)
+    if parent:  # the DVC invocation's parent ends with its latest stage (a later one sets it RUNNING again)
+        args.dvc_parent = None
+        close_run(args.params.resolve().parent, parent, "FAILED" if error else "FINISHED",
+                  f"stage {os.environ.get('DVC_STAGE')}: {type(error).__name__}: {error}" if error else None)
 
 
 def live_metric(args, key: str, every: int = 1):

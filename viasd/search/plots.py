@@ -22,31 +22,26 @@ def save_figure(fig, path: Path) -> None:
     tmp.replace(path)
 
 
-def search_curve(trials: list[dict], path: Path, title: str) -> None:
-    """Cost of every trial and the best so far, random phase and Bayesian phase in two colours."""
+def search_curve(storage: str, study_name: str, n_random: int, path: Path, title: str) -> None:
+    """Optuna's optimisation history of the search (every trial's cost and the best so far), on a log
+    scale, with the boundary between the random phase and the Bayesian phase marked."""
+    import warnings
+
+    import optuna
+    from optuna.visualization.matplotlib import plot_optimization_history
+
     plt = pyplot()
-    trials = sorted(trials, key=lambda t: t["number"])
-    fig, ax = plt.subplots(figsize=(7, 4))
-    best, best_so_far = float("inf"), []
-    for t in trials:
-        best = min(best, t["cost"])
-        best_so_far.append(best)
-    x = list(range(1, len(trials) + 1))
-    for phase, colour in (("random", "tab:gray"), ("bayes", "tab:blue")):
-        pts = [(i, t["cost"]) for i, t in zip(x, trials) if t["phase"] == phase]
-        if pts:
-            ax.scatter(*zip(*pts), s=14, color=colour, alpha=0.6, label=f"{phase} trials")
-    ax.step(x, best_so_far, where="post", color="tab:red", label="best so far")
-    n_random = sum(t["phase"] == "random" for t in trials)
-    if 0 < n_random < len(trials):
-        ax.axvline(n_random + 0.5, color="k", ls=":", lw=1)
-    ax.set_xlabel("trial")
-    ax.set_ylabel("mask cost (mean KL, nats)")
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        ax = plot_optimization_history(study, target_name="mask cost (mean KL, nats)")
+    if 0 < n_random < len(study.trials):
+        ax.axvline(n_random - 0.5, color="k", ls=":", lw=1, label="random | Bayesian")
+        ax.legend()
     ax.set_yscale("log")
     ax.set_title(title)
-    ax.legend()
-    save_figure(fig, path)
-    plt.close(fig)
+    save_figure(ax.figure, path)
+    plt.close(ax.figure)
 
 
 def layer_keep_frequency(trials: list[dict], num_layers: int, path: Path, title: str, top: float = 0.2) -> None:

@@ -103,8 +103,8 @@ def run_dimr_stage(params: Params, progress: bool = True, pair: Pair | None = No
                          trust_remote_code=pair.trust_remote_code)
     cfg.budget(models.target.config.num_hidden_layers)  # fail early on an impossible budget
     cost = MaskCost(models.target, models.draft, calibration, models.vocab_size, cfg.cost, cfg.batch_size)
-    result = dimr_search(cost, cfg, optuna_storage(params, paths["storage"]), study_name(f"dimr-{pair.name}", asdict(cfg)),
-                         progress)
+    storage, search_name = optuna_storage(params, paths["storage"]), study_name(f"dimr-{pair.name}", asdict(cfg))
+    result = dimr_search(cost, cfg, storage, search_name, progress)
     out = result_json(result, cfg, pair=pair.name, target=pair.target, draft=pair.draft)
     for name in baselines:
         mask = baseline_mask(name, result.num_layers, result.budget_layers, cfg.seed)
@@ -117,7 +117,7 @@ def run_dimr_stage(params: Params, progress: bool = True, pair: Pair | None = No
         out["agreement"] = family_agreement(params, pair, models, masks)
     write_jsonl(paths["trace"], result.trials)
     title = f"DIMR ({cfg.cost} cost), keep {result.budget_layers}/{result.num_layers} layers"
-    search_curve(result.trials, paths["curve"], title)
+    search_curve(storage, search_name, cfg.n_random, paths["curve"], title)
     layer_keep_frequency(result.trials, result.num_layers, paths["layers"], title)
     write_json(paths["mask"], out)  # last: its presence marks a finished search
     return out

@@ -21,8 +21,6 @@ Outputs under reports/:
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from pathlib import Path
 
@@ -101,27 +99,27 @@ def family_rows(params: Params, pair: str) -> list[dict]:
 
 
 def family_table(rows: list[dict]) -> str:
-    lines = ["| " + " | ".join(label for _, label in FAMILY_COLUMNS) + " |", "|" + "---|" * len(FAMILY_COLUMNS)]
-    lines += ["| " + " | ".join(_fmt(r[k]) for k, _ in FAMILY_COLUMNS) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+    return markdown(rows, FAMILY_COLUMNS)
 
 
 def stage_times(benchmarks: Path) -> str | None:
     """Wall time per rule (sum and count of its jobs) from Snakemake's `benchmark:` files, or None."""
     files = sorted(benchmarks.rglob("*.tsv")) if benchmarks.is_dir() else []
     totals: dict[str, list[float]] = {}
+    import pandas as pd
+
     for f in files:
-        rows = list(csv.DictReader(io.StringIO(f.read_text()), delimiter="\t"))
-        if rows and "s" in rows[-1]:
+        bench = pd.read_csv(f, sep="\t")
+        if len(bench) and "s" in bench.columns:
             rule = f.relative_to(benchmarks).parts[0].removesuffix(".tsv")
-            totals.setdefault(rule, []).append(float(rows[-1]["s"]))
+            totals.setdefault(rule, []).append(float(bench["s"].iloc[-1]))
     if not totals:
         return None
-    lines = ["| rule | jobs | wall s (sum) | longest job s |", "|---|---|---|---|"]
-    for rule, secs in sorted(totals.items(), key=lambda kv: -sum(kv[1])):
-        lines.append(f"| {rule} | {len(secs)} | {sum(secs):.0f} | {max(secs):.0f} |")
-    lines.append(f"| all | {sum(map(len, totals.values()))} | {sum(map(sum, totals.values())):.0f} | |")
-    return "\n".join(lines) + "\n"
+    rows = [{"rule": rule, "jobs": len(secs), "sum": f"{sum(secs):.0f}", "longest": f"{max(secs):.0f}"}
+            for rule, secs in sorted(totals.items(), key=lambda kv: -sum(kv[1]))]
+    rows.append({"rule": "all", "jobs": sum(map(len, totals.values())), "sum": f"{sum(map(sum, totals.values())):.0f}",
+                 "longest": ""})
+    return markdown(rows, (("rule", "rule"), ("jobs", "jobs"), ("sum", "wall s (sum)"), ("longest", "longest job s")))
 
 
 SLIM_COLUMNS = (("slim", "slim"), ("layers", "kept layers"), ("tiers_off", "tiers off (= SD)"), ("gamma", "γ"),
@@ -155,9 +153,7 @@ def slim_rows(params: Params, pair: str, task: str) -> list[dict]:
 
 
 def slim_table(rows: list[dict]) -> str:
-    lines = ["| " + " | ".join(label for _, label in SLIM_COLUMNS) + " |", "|" + "---|" * len(SLIM_COLUMNS)]
-    lines += ["| " + " | ".join(_fmt(r[k]) for k, _ in SLIM_COLUMNS) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+    return markdown(rows, SLIM_COLUMNS)
 
 
 def _fmt(value) -> str:
@@ -166,6 +162,15 @@ def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:.3f}"
     return str(value)
+
+
+def markdown(rows: list[dict], columns) -> str:
+    """`rows` as a GitHub markdown table (pandas, through tabulate); `columns`: (key, heading) pairs, each
+    value formatted by `_fmt` (three decimals, `–` for none) and kept as written."""
+    import pandas as pd
+
+    frame = pd.DataFrame([[_fmt(r.get(key)) for key, _ in columns] for r in rows], columns=[h for _, h in columns])
+    return frame.to_markdown(index=False, tablefmt="github", disable_numparse=True) + "\n"
 
 
 def table_rows(evals: list[dict], quality_keys: list[str]) -> list[dict]:
@@ -178,19 +183,13 @@ def table_rows(evals: list[dict], quality_keys: list[str]) -> list[dict]:
 
 
 def markdown_table(rows: list[dict], quality_keys: list[str]) -> str:
-    heads = [label for _, label in COLUMNS] + quality_keys
-    keys = [key for key, _ in COLUMNS] + [f"quality.{k}" for k in quality_keys]
-    lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
-    lines += ["| " + " | ".join(_fmt(r[k]) for k in keys) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+    return markdown(rows, [*COLUMNS, *((f"quality.{k}", k) for k in quality_keys)])
 
 
 def csv_table(rows: list[dict]) -> str:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return buf.getvalue()
+    import pandas as pd
+
+    return pd.DataFrame(rows).to_csv(index=False, lineterminator="\n")
 
 
 def position_table(evals: list[dict]) -> str:
@@ -199,15 +198,14 @@ def position_table(evals: list[dict]) -> str:
     if not rows:
         return "No VIA-SD run examined a position with the slim tiers (all blocks gated or tiers off).\n"
     width = max(len(e["position_reached"]) for e in rows)
-    lines = ["| run | " + " | ".join(f"pos {i + 1}" for i in range(width)) + " | blocks gated | escalated |",
-             "|" + "---|" * (width + 3)]
+    table = []
     for e in rows:
         reached, settled = e["position_reached"], e["position_settled"]
-        cells = [f"{settled[i] / reached[i]:.2f} ({reached[i]})" if i < len(reached) and reached[i] else "–"
-                 for i in range(width)]
-        lines.append(f"| {e['run']} | " + " | ".join(cells) + f" | {_fmt(e.get('gated_rate'))} | "
-                     f"{_fmt(e.get('block_escalation_rate'))} |")
-    return "\n".join(lines) + "\n"
+        table.append({"run": e["run"], "gated": e.get("gated_rate"), "escalated": e.get("block_escalation_rate"),
+                      **{i: f"{settled[i] / reached[i]:.2f} ({reached[i]})" if i < len(reached) and reached[i] else None
+                         for i in range(width)}})
+    return markdown(table, [("run", "run"), *((i, f"pos {i + 1}") for i in range(width)), ("gated", "blocks gated"),
+                            ("escalated", "escalated")])
 
 
 def run_report_stage(params: Params) -> dict:
