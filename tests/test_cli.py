@@ -73,7 +73,8 @@ def test_console_script_runs(dirs):
 
 @pytest.fixture(scope="module")
 def odd_models(tmp_path_factory):
-    """A draft whose tokenizer maps ids to other tokens, and an encoder-decoder model."""
+    """A draft whose tokenizer maps ids to other tokens, and an encoder-decoder model (not a draft for a
+    decoder-only target)."""
     root = tmp_path_factory.mktemp("odd")
     other_tok = build_tokenizer(root / "tok", vocab_size=300)
     other = build_model(root / "other-vocab", "llama", 1, 0, other_tok)
@@ -109,7 +110,8 @@ def bad_inputs(dirs, odd_models, tmp_path):
                              "supports 512"),
         "no draft": (["--target", target, "--method", "sd", "--prompt", "x"], "needs --draft"),
         "no mask": ([*base, "--method", "viasd", "--prompt", "x"], "needs a slim verifier"),
-        "encoder-decoder": (["--target", t5, "--method", "ar", "--prompt", "x"], "encoder-decoder"),
+        "encoder-decoder draft": ([*base[:2], "--draft", t5, *base[4:], "--method", "sd", "--prompt", "x"],
+                                  "a pair must be of one kind"),
         "hub id offline": (["--target", "someone/not-a-real-model-xyz", "--method", "ar", "--prompt", "x"],
                            "Hugging Face Hub"),
         "bad gamma": ([*base, "--keep-layers", "0", "--gamma", "0", "--prompt", "x"], "gamma"),
@@ -118,7 +120,7 @@ def bad_inputs(dirs, odd_models, tmp_path):
 
 
 CASES = ["missing model", "mismatched vocabulary", "out-of-range layer", "duplicate layer", "missing mask",
-         "empty prompt", "missing prompt file", "over-long prompt", "no draft", "no mask", "encoder-decoder",
+         "empty prompt", "missing prompt file", "over-long prompt", "no draft", "no mask", "encoder-decoder draft",
          "hub id offline", "bad gamma", "bad device"]
 
 

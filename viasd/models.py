@@ -60,8 +60,9 @@ def _looks_local(name: str) -> bool:
 
 def load_model(name_or_path: str | Path, device: str = "auto", dtype: str = "auto",
                trust_remote_code: bool = False, revision: str | None = None) -> nn.Module:
-    """A causal LM in eval mode on `device`. Errors name the model and what to do."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """A causal LM, or an encoder-decoder LM (detected from its config: `AutoModelForSeq2SeqLM`), in eval
+    mode on `device`. Errors name the model and what to do."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
     name = str(name_or_path)
     local = Path(name).expanduser()
@@ -76,10 +77,9 @@ def load_model(name_or_path: str | Path, device: str = "auto", dtype: str = "aut
         where = f"directory {source}" if local.exists() else f"'{name}' on the Hugging Face Hub"
         hint = "" if local.exists() else " (offline? download it and pass its local directory)"
         raise ModelLoadError(f"cannot load the model config from {where}{hint}: {str(err).splitlines()[0]}") from None
-    if getattr(config, "is_encoder_decoder", False):
-        raise ModelLoadError(f"{name} is an encoder-decoder model ({config.model_type}); viasd decodes decoder-only causal LMs")
+    auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model = auto.from_pretrained(
             source, config=config, dtype=torch_dtype, trust_remote_code=trust_remote_code, revision=revision,
         )
     except (OSError, ValueError) as err:
@@ -89,6 +89,14 @@ def load_model(name_or_path: str | Path, device: str = "auto", dtype: str = "aut
     model.requires_grad_(False)
     log.info("loaded %s (%s, %d layers) on %s as %s", name, config.model_type, num_decoder_layers(model), dev, torch_dtype)
     return model
+
+
+def _same_kind(target: nn.Module, other: nn.Module, role: str) -> None:
+    """Both decoder-only, or both encoder-decoder: decoding feeds them the same sequence."""
+    kinds = ["an encoder-decoder model" if getattr(m.config, "is_encoder_decoder", False) else "a decoder-only model"
+             for m in (target, other)]
+    if kinds[0] != kinds[1]:
+        raise ModelLoadError(f"the target is {kinds[0]} but the {role} is {kinds[1]}; a pair must be of one kind")
 
 
 def load_tokenizer(name_or_path: str | Path, trust_remote_code: bool = False):
@@ -173,6 +181,8 @@ class ModelSet:
     draft_tokenizer: object | None = None
 
     def __post_init__(self):
+        if self.draft is not None:
+            _same_kind(self.target, self.draft, "draft")
         self.vocab_size = shared_vocab_size(self.target, self.draft, self.tokenizer, self.draft_tokenizer)
 
     def add_mask(self, mask: RoutingMask | Sequence[int]) -> SlimVerifier:
@@ -190,6 +200,7 @@ class ModelSet:
             raise VocabularyMismatchError(
                 f"the independent intermediate model's output layer has {output_vocab(model)} tokens, fewer than "
                 f"the {self.vocab_size} the target and draft share")
+        _same_kind(self.target, model, "independent intermediate model")
         verifier = IndependentVerifier(model)
         self.slims.append(verifier)
         return verifier

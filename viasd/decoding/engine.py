@@ -22,6 +22,7 @@ from .kv_cache import model_cache
 from .policy import DecodePolicy
 from .routing import SlimVerifier
 from .runner import ModelRunner
+from .seq2seq import decoder_start_id, encode, is_encoder_decoder, same_encoder, text_config
 from .sampling import Sampler
 from .stats import DecodeStats
 from .stopping import StopRule
@@ -35,7 +36,7 @@ class DecodeResult:
 
 
 def context_length(model: nn.Module) -> int | None:
-    config = model.config.get_text_config(decoder=True)
+    config = text_config(model)
     for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
         value = getattr(config, key, None)
         if isinstance(value, int) and value > 0:
@@ -55,10 +56,23 @@ class DecodeSession:
         prompt = list(prompt_ids)
         if not prompt:
             raise PromptError("the prompt is empty: give at least one token of text to continue")
+        # an encoder-decoder target (seq2seq.py): the prompt is the encoders' input, and the decoded
+        # sequence starts with the decoder start token
+        self.seq2seq = is_encoder_decoder(target)
+        others = [m for m in (draft, *(s.model for s in slims if isinstance(s, IndependentVerifier))) if m is not None]
+        if any(is_encoder_decoder(m) != self.seq2seq for m in others):
+            raise PolicyError("the target and the draft (or independent intermediate model) must both be encoder-decoder "
+                              "models or both decoder-only")
+        encoder_prompt = prompt if self.seq2seq else None
+        if self.seq2seq:
+            prompt = [decoder_start_id(target)]
         self.prompt_len = len(prompt)
         capacity = self.prompt_len + policy.max_new_tokens + policy.gamma + 1
         for role, model in (("target", target), ("draft", draft)):
             limit = context_length(model) if model is not None else None
+            if limit is not None and encoder_prompt is not None and len(encoder_prompt) > limit:
+                raise PromptError(f"the prompt has {len(encoder_prompt)} tokens but the {role} model's encoder "
+                                  f"supports {limit}")
             if limit is not None and capacity > limit:
                 raise PromptError(
                     f"the prompt has {self.prompt_len} tokens; with max_new_tokens={policy.max_new_tokens} and "
@@ -73,7 +87,7 @@ class DecodeSession:
         self.done = False
         self.sampler = Sampler(policy.sampling, device, policy.seed)
         self.stop = StopRule(policy.max_new_tokens, eos_token_ids, policy.stop_strings, tokenizer)
-        self.stats = DecodeStats(method=policy.method, prompt_tokens=self.prompt_len)
+        self.stats = DecodeStats(method=policy.method, prompt_tokens=len(encoder_prompt or prompt))
 
         def runner(name, model, new_cache):
             return ModelRunner(name, compiled(model) if policy.compile else model, new_cache, vocab_size,
@@ -116,6 +130,21 @@ class DecodeSession:
             self.stats.regen_by_level = [0] * len(slims)
         for r in self.runners:
             r.start()
+        if self.seq2seq:
+            self._encode(torch.tensor([encoder_prompt], dtype=torch.long, device=device), target)
+
+    def _encode(self, prompt: torch.Tensor, target: nn.Module) -> None:
+        """Encode the prompt once per distinct encoder: the target's outputs serve the target and every
+        slim routed out of it (they share its encoder), the draft and an independent model encode their own."""
+        encoded = {}
+        for r in self.runners:
+            key = next((m for m in encoded if same_encoder(m, r.model)), None)
+            if key is None:
+                key = r.model if not same_encoder(r.model, target) else target
+                start = time.perf_counter()
+                encoded[key] = encode(key, prompt)
+                self.stats.encoder_time_s += time.perf_counter() - start
+            r.encoder_outputs = encoded[key]
 
     @staticmethod
     def _shared_prefix(policy: DecodePolicy, slims):
@@ -177,7 +206,7 @@ class DecodeSession:
         while not self.done:
             block(self)
         stats = self.stats
-        stats.wall_time_s = time.perf_counter() - start
+        stats.wall_time_s = time.perf_counter() - start + stats.encoder_time_s  # the prompt's encoding included
         stats.new_tokens = len(self.generated)
         for r in self.runners:
             stats.passes[r.name] = r.passes

@@ -123,6 +123,8 @@ def model_cache(model: nn.Module, kind: str = DEFAULT_CACHE, capacity: int | Non
         raise PolicyError(f"cache must be one of {', '.join(CACHE_KINDS)}, got {kind!r}")
     if kind != "dynamic" and capacity is None:
         raise PolicyError(f"cache={kind!r} needs the decode's capacity (positions to preallocate)")
+    if getattr(model.config, "is_encoder_decoder", False):
+        return _encoder_decoder_cache(model, kind, capacity)
     if kind == "static":
         cache = StaticCache(config=model.config, max_cache_len=capacity)
         if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
@@ -133,3 +135,34 @@ def model_cache(model: nn.Module, kind: str = DEFAULT_CACHE, capacity: int | Non
     if kind == "inplace":
         cache.layers = [InPlaceLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
+
+
+def _encoder_decoder_cache(model: nn.Module, kind: str, capacity: int | None):
+    """An `EncoderDecoderCache` with one slot per *decoder* layer in each part: the self-attention part
+    of `kind` (`inplace` or `dynamic`), the cross-attention part dynamic (filled once, by the first pass)."""
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    from .seq2seq import decoder_depth_key
+
+    if kind == "static":
+        raise PolicyError("cache='static' is not supported for encoder-decoder models; use cache='inplace' or 'dynamic'")
+    key = decoder_depth_key(model.config)
+    n = getattr(model.config, key) if key else model.config.num_hidden_layers
+    self_attention, cross_attention = DynamicCache(), DynamicCache()
+    self_attention.layers = [InPlaceLayer(capacity) if kind == "inplace" else DynamicLayer() for _ in range(n)]
+    cross_attention.layers = [DynamicLayer() for _ in range(n)]
+    return EncoderDecoderCache(self_attention, cross_attention)
+
+
+def cache_parts(cache) -> list:
+    """The layer-slotted caches inside `cache`: itself, or an `EncoderDecoderCache`'s two parts."""
+    return [cache.self_attention_cache, cache.cross_attention_cache] if hasattr(cache, "self_attention_cache") else [cache]
+
+
+def keep_slots(cache, keep) -> None:
+    """Put a `DummyLayer` (stores nothing) in every slot of `cache` whose layer index is not in `keep`."""
+    from transformers.cache_utils import DummyLayer
+
+    keep = set(keep)
+    for part in cache_parts(cache):
+        part.layers = [layer if i in keep else DummyLayer() for i, layer in enumerate(part.layers)]

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedArchitectureError
-from .kv_cache import model_cache
+from .kv_cache import keep_slots, model_cache
 from .runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -47,11 +47,8 @@ def prefix_length(keep_layers) -> int:
 
 def _cache_for(target: nn.Module, layers, kind: str, capacity: int | None):
     """The target's cache layout with a `DummyLayer` in every slot but `layers`."""
-    from transformers.cache_utils import DummyLayer
-
     cache = model_cache(target, kind, capacity)
-    keep = set(layers)
-    cache.layers = [layer if i in keep else DummyLayer() for i, layer in enumerate(cache.layers)]
+    keep_slots(cache, layers)
     return cache
 
 
@@ -84,8 +81,11 @@ class SharedPrefix:
 
     @classmethod
     def build(cls, target: nn.Module, mask) -> SharedPrefix | None:
-        """The split for `mask`, or None (logged) when it keeps no prefix, keeps only a prefix, or the
-        layout does not reproduce the target's logits when split."""
+        """The split for `mask` (an early exit when the mask is a prefix), or None (logged) when it does not
+        keep layer 0, or the layout does not reproduce the target's or the slim's logits when split."""
+        if getattr(target.config, "is_encoder_decoder", False):
+            log.info("reuse off: the split forward is implemented for decoder-only models")
+            return None
         k = prefix_length(mask.keep_layers)
         if k == 0:
             log.info("reuse off: the mask %s does not keep layer 0, so no layer is shared", list(mask.keep_layers))
@@ -103,13 +103,13 @@ class SharedPrefix:
 
     @torch.inference_mode()
     def check(self, length: int = 12) -> str | None:
-        """Run a probe sequence through the split (with caches, in two chunks) and through the target;
-        None when the logits agree to the dtype's precision, else what differs."""
+        """Run a probe sequence through the split (with caches, in two chunks) and through the unsplit
+        target and slim view; None when the logits agree to the dtype's precision, else what differs."""
+        from .routing import RoutingMask, SlimVerifier, num_decoder_layers
+
         device = next(self.target.parameters()).device
         vocab = self.target.get_output_embeddings().weight.shape[0]
         ids = (torch.arange(length, device=device) * 7919 % max(vocab - 1, 1) + 1)[None]
-        from .routing import RoutingMask, SlimVerifier, num_decoder_layers
-
         full = self.target(input_ids=ids, use_cache=False).logits.float()
         slim = SlimVerifier(self.target, RoutingMask(self.keep_layers, num_decoder_layers(self.target)))
         slim_full = slim(ids, use_cache=True).logits.float()

@@ -30,20 +30,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torch import nn
-from transformers.cache_utils import DummyLayer
-
 from ..errors import MaskError, UnsupportedArchitectureError
-from .kv_cache import model_cache
+from .kv_cache import keep_slots, model_cache
+from .seq2seq import decoder_depth_key, text_config
 
 
 def decoder_config(model: nn.Module):
-    """The config that describes the decoder layer stack (the text config of multimodal wrappers)."""
-    config = model.config
-    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    """The config that describes the decoder layer stack (`seq2seq.text_config`)."""
+    return text_config(model)
 
 
 def num_decoder_layers(model: nn.Module) -> int:
-    n = getattr(decoder_config(model), "num_hidden_layers", None)
+    """Decoder layers of `model` (an encoder-decoder model's decoder, not its encoder)."""
+    config = decoder_config(model)
+    n = getattr(config, decoder_depth_key(config) or "num_hidden_layers", None)
     if not isinstance(n, int) or n <= 0:
         raise UnsupportedArchitectureError(
             f"{type(model).__name__}: its config has no positive `num_hidden_layers`, so its decoder layer "
@@ -60,7 +60,7 @@ def find_layer_stack(model: nn.Module) -> tuple[str, ...]:
     """Attribute path from `model` to its decoder layer `ModuleList`, e.g. `("model", "layers")`.
 
     Raises UnsupportedArchitectureError when no unique stack of `num_hidden_layers` attention blocks
-    is found (an unknown or encoder-decoder layout).
+    is found (an unknown layout). For an encoder-decoder model it is the decoder's stack.
     """
     n = num_decoder_layers(model)
     found = [
@@ -71,12 +71,14 @@ def find_layer_stack(model: nn.Module) -> tuple[str, ...]:
         and all(type(block) is type(module[0]) for block in module)
         and _is_decoder_block(module[0])
     ]
+    if getattr(decoder_config(model), "is_encoder_decoder", False):  # the decoder's stack, not the encoder's
+        found = [name for name in found if "decoder" in name.split(".")]
     if len(found) != 1:
         what = "no" if not found else f"{len(found)} ({', '.join(found)})"
         raise UnsupportedArchitectureError(
             f"{type(model).__name__}: found {what} candidate decoder layer stacks of {n} attention blocks; "
-            "viasd routes decoder-only causal LMs with one stack (Llama, Mistral, Qwen2/3, Gemma2, Phi-3, "
-            "GPT-2, GPT-NeoX, OPT, ...)"
+            "viasd routes the decoder stack of causal LMs (Llama, Mistral, Qwen2/3, Gemma2, Phi-3, "
+            "GPT-2, GPT-NeoX, OPT, ...) and of encoder-decoder models (T5, BART, ...)"
         )
     return tuple(found[0].split("."))
 
@@ -165,12 +167,13 @@ def _install_output_hooks(target: nn.Module, path: tuple[str, ...]) -> None:
 
 def _routed_config(config, keep: tuple[int, ...]):
     """A copy of `config` describing the kept layers only; the target's config is left untouched."""
-    n = config.num_hidden_layers
+    depth = decoder_depth_key(config) or "num_hidden_layers"  # an encoder-decoder model: its decoder's depth
+    n = getattr(config, depth)
     routed = copy.deepcopy(config)
     for key, value in vars(config).items():
         if isinstance(value, (list, tuple)) and len(value) == n and not key.startswith("_"):
             setattr(routed, key, type(value)(value[i] for i in keep))
-    routed.num_hidden_layers = len(keep)
+    setattr(routed, depth, len(keep))
     return routed
 
 
@@ -247,8 +250,7 @@ class SlimVerifier:
         first real slot (transformers skips dummy slots for both).
         """
         cache = model_cache(self.target, kind, capacity)
-        keep = set(self.mask.keep_layers)
-        cache.layers = [layer if i in keep else DummyLayer() for i, layer in enumerate(cache.layers)]
+        keep_slots(cache, self.mask.keep_layers)
         return cache
 
     def shared_prefix(self):

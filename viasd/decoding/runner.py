@@ -9,6 +9,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from .kv_cache import cache_parts
+from .seq2seq import decoder_depth_key, text_config
+
 log = logging.getLogger(__name__)
 
 
@@ -34,13 +37,15 @@ class ModelRunner:
         self.tokens = 0
         self.seconds = 0.0
         self._trim = False
-        config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
-        self.layers = getattr(config, "num_hidden_layers", 0) or 0  # decoder layers one pass runs
+        config = text_config(model)
+        self.layers = getattr(config, decoder_depth_key(config) or "num_hidden_layers", 0) or 0  # decoder layers a pass runs
+        # an encoder-decoder model: the prompt's encoder outputs, set by the session once the prompt is encoded
+        self.encoder_outputs = None
 
     def start(self) -> None:
         """A fresh, empty cache (sliding-window layers record the past so that rollback is exact)."""
         self.cache = self._new_cache()
-        windows = [layer.sliding_window for layer in self.cache.layers if getattr(layer, "is_sliding", False)]
+        windows = [layer.sliding_window for layer in cache_parts(self.cache)[0].layers if getattr(layer, "is_sliding", False)]
         self._window = min(windows) if windows else None
         self._trim = self._window is not None
         if self._trim:
@@ -57,7 +62,9 @@ class ModelRunner:
         if self._sync:
             torch.cuda.synchronize(self.device)
         start = time.perf_counter()
-        out = self.model(**inputs, cache=self.cache, use_cache=True, logits_to_keep=n_logits)
+        if self.encoder_outputs is None:
+            inputs["logits_to_keep"] = n_logits
+        out = self.model(**inputs, cache=self.cache, use_cache=True)
         logits = out.logits[0, -n_logits:, : self.vocab_size].float()
         if self._sync:
             torch.cuda.synchronize(self.device)
@@ -69,7 +76,10 @@ class ModelRunner:
         return logits
 
     def _inputs(self, ids: torch.Tensor, upto: int) -> dict:
-        """What the model is fed for positions `cached..upto-1`: their token ids."""
+        """What the model is fed for positions `cached..upto-1`: their token ids (an encoder-decoder model:
+        as decoder inputs, beside the prompt's encoder outputs)."""
+        if self.encoder_outputs is not None:
+            return {"decoder_input_ids": ids[:, self.cached : upto], "encoder_outputs": self.encoder_outputs}
         return {"input_ids": ids[:, self.cached : upto]}
 
     def rollback(self, n: int) -> None:

@@ -72,6 +72,7 @@ class DecodeStats:
     # `trunk`'s, computed once per position, and `slim` / `target` count only their layers after it
     layer_tokens: dict[str, int] = field(default_factory=dict)
     wall_time_s: float = 0.0
+    encoder_time_s: float = 0.0  # encoder-decoder models: encoding the prompt, once per distinct encoder
 
     def grow_positions(self, g: int) -> None:
         """Make the per-position counters at least `g` long."""

@@ -1,0 +1,200 @@
+"""Encoder-decoder pairs (T5 and BART layouts, tiny random models saved and loaded like a user's):
+the prompt is encoded once per model, every method decodes, the greedy invariants hold against
+`transformers`, the routed slim verifier selects from the decoder stack, and sampled `sd` has the
+target's distribution."""
+
+import re
+
+import pytest
+import torch
+import transformers as tf
+from conftest import PROMPTS
+from test_distribution import ALPHA, WARP, p_value
+from test_stats import check_accounting
+
+from viasd import DecodePolicy, load_models
+from viasd.decoding.kv_cache import cache_parts
+from viasd.decoding.routing import RoutingMask, SlimVerifier, find_layer_stack, num_decoder_layers, shares_storage
+from viasd.decoding.sampling import Sampler
+from viasd.errors import PolicyError
+
+LAYOUTS = ["t5", "bart"]
+N_NEW = 20
+OFF = float("inf")
+
+
+def seq2seq_config(layout: str, decoder_layers: int, vocab: int, eos: int):
+    common = dict(vocab_size=vocab, pad_token_id=eos, eos_token_id=eos, decoder_start_token_id=eos)
+    if layout == "t5":
+        # as deep an encoder as the decoder: transformers' generate sizes a T5 cache by the encoder's depth
+        return tf.T5Config(d_model=64, d_kv=16, d_ff=128, num_layers=decoder_layers, num_decoder_layers=decoder_layers,
+                           num_heads=4, **common)
+    return tf.BartConfig(d_model=64, encoder_layers=2, decoder_layers=decoder_layers, encoder_attention_heads=4,
+                         decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                         max_position_embeddings=512, bos_token_id=eos, forced_bos_token_id=None, forced_eos_token_id=None,
+                         tie_word_embeddings=False, **common)
+
+
+def _sharpen(model, layout: str) -> None:
+    """Peakier output distributions (a random model's are nearly flat, so greedy ties would be common).
+    T5 ties its head to its embeddings, whose size also sets how much the input token dominates the
+    residual stream (too large: the model copies its input forever): smaller embeddings, a larger
+    final norm. BART: a larger head."""
+    with torch.no_grad():
+        if layout == "t5":
+            model.shared.weight.mul_(0.3)
+            model.decoder.final_layer_norm.weight.mul_(15.0)
+        else:
+            model.get_output_embeddings().weight.mul_(25.0)
+
+
+def build_seq2seq_pair(root, layout, tokenizer, layers=4, seed=0, noise=0.3, damping=0.5):
+    """A random encoder-decoder target (its decoder layers after the first damped, its output sharpened)
+    and a one-decoder-layer draft made of the target's encoder, embeddings, first decoder layer, final
+    norm and head with noise on its decoder: acceptance is neither 0 nor 1."""
+    torch.manual_seed(seed)
+    eos = tokenizer.eos_token_id
+    target = tf.AutoModelForSeq2SeqLM.from_config(seq2seq_config(layout, layers, len(tokenizer), eos))
+    _sharpen(target, layout)
+    with torch.no_grad():
+        for name, param in target.named_parameters():
+            index = re.search(r"decoder\.(?:block|layers)\.(\d+)\.", name)
+            if index and int(index.group(1)) >= 1 and param.dim() == 2:
+                param.mul_(damping)
+    torch.manual_seed(seed + 1)
+    draft = tf.AutoModelForSeq2SeqLM.from_config(seq2seq_config(layout, 1, len(tokenizer), eos))
+    draft.load_state_dict({k: v for k, v in target.state_dict().items() if k in draft.state_dict()}, strict=False)
+    with torch.no_grad():
+        for name, param in draft.named_parameters():
+            if param.dim() == 2 and ("decoder.block" in name or "decoder.layers" in name):
+                param.add_(noise * param.std() * torch.randn_like(param))
+    dirs = []
+    for role, model in (("target", target), ("draft", draft)):
+        path = root / f"{layout}-{role}"
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        dirs.append(path)
+    return dirs
+
+
+@pytest.fixture(scope="module")
+def seq2seq(tmp_path_factory, tokenizer):
+    root = tmp_path_factory.mktemp("seq2seq")
+    loaded = {}
+
+    def get(layout):
+        if layout not in loaded:
+            target, draft = build_seq2seq_pair(root, layout, tokenizer)
+            loaded[layout] = load_models(target, draft=draft, masks=[[0, 2]], device="cpu", dtype="float32")
+        return loaded[layout]
+
+    return get
+
+
+def hf_greedy(models, ids, n):
+    out = models.target.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 do_sample=False, max_new_tokens=n, min_new_tokens=n, eos_token_id=None)
+    return out[0, 1:].tolist()  # the decoder start token first
+
+
+def run(models, ids, method, gamma=4, **kw):
+    return models.generate(ids, DecodePolicy(method=method, gamma=gamma, max_new_tokens=N_NEW, eos_token_ids=(), **kw))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_loads_as_encoder_decoder_and_routes_the_decoder_stack(seq2seq, layout):
+    models = seq2seq(layout)
+    assert models.target.config.is_encoder_decoder and models.draft.config.is_encoder_decoder
+    assert num_decoder_layers(models.target) == 4  # the decoder's depth (BART's encoder has 2 layers)
+    path = find_layer_stack(models.target)
+    assert "decoder" in path and "encoder" not in path
+    slim = models.slims[0]
+    assert shares_storage(slim) and slim.model.get_encoder() is models.target.get_encoder()
+    cache = slim.new_cache("dynamic")
+    for part in cache_parts(cache):  # self- and cross-attention: real slots for the kept layers only
+        assert [type(layer).__name__ == "DummyLayer" for layer in part.layers] == [False, True, False, True]
+    ids = torch.tensor([[5, 6, 7, 8]])
+    start = torch.tensor([[models.target.config.decoder_start_token_id, 9, 10]])
+    with torch.inference_mode():
+        full = models.target(input_ids=ids, decoder_input_ids=start).logits
+        every = SlimVerifier(models.target, RoutingMask.from_layers([0, 1, 2, 3], 4))
+        assert torch.allclose(every.model(input_ids=ids, decoder_input_ids=start, cache=every.new_cache()).logits,
+                              full, atol=1e-5)
+        routed = slim.model(input_ids=ids, decoder_input_ids=start, cache=slim.new_cache()).logits
+    assert not torch.allclose(routed, full, atol=1e-3)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_greedy_methods_equal_transformers(seq2seq, tokenizer, layout):
+    models = seq2seq(layout)
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt)["input_ids"]
+        ar = run(models, ids, "ar")
+        assert ar.token_ids == hf_greedy(models, ids, N_NEW), (layout, prompt)
+        check_accounting(ar.stats)
+        assert ar.stats.prompt_tokens == len(ids) and ar.stats.encoder_time_s > 0
+        for gamma in (1, 3, 5):
+            for method, kw in (("sd", {}), ("cascade_sd", {}), ("viasd", dict(tau_accept=OFF, tau_slim=OFF))):
+                out = run(models, ids, method, gamma, **kw)
+                assert out.token_ids == ar.token_ids, (layout, prompt, method, gamma)
+                check_accounting(out.stats)
+        sd = run(models, ids, "sd")
+        assert 0 < sd.stats.acceptance_rate < 1  # the draft is neither the target nor unrelated to it
+        for method, kw in (("viasd", dict(tau_accept=1.0, tau_slim=0.3)), ("spec_cascade", {})):
+            out = run(models, ids, method, **kw)
+            assert len(out.token_ids) == N_NEW
+            check_accounting(out.stats)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_each_encoder_runs_once_per_prompt(seq2seq, tokenizer, layout):
+    """The target's encoder serves the target and its routed slim; the draft encodes for itself. Counted
+    with forward hooks on the encoders."""
+    models = seq2seq(layout)
+    calls = {"target": 0, "draft": 0}
+    hooks = [models.target.get_encoder().register_forward_hook(lambda *_: calls.__setitem__("target", calls["target"] + 1)),
+             models.draft.get_encoder().register_forward_hook(lambda *_: calls.__setitem__("draft", calls["draft"] + 1))]
+    try:
+        out = run(models, tokenizer(PROMPTS[0])["input_ids"], "viasd", tau_accept=3.0, tau_slim=0.99)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert calls == {"target": 1, "draft": 1} and out.stats.passes["slim"] > 0 and out.stats.passes["target"] > 0
+
+
+def test_static_cache_and_mixed_pairs_are_refused(seq2seq, tokenizer, model_sets):
+    models = seq2seq("t5")
+    ids = tokenizer(PROMPTS[0])["input_ids"]
+    with pytest.raises(PolicyError, match="not supported for encoder-decoder"):
+        run(models, ids, "sd", cache="static")
+    assert run(models, ids, "sd", cache="dynamic").token_ids == run(models, ids, "sd").token_ids  # inplace default
+    from viasd.decoding.engine import decode
+
+    causal = model_sets("llama")
+    with pytest.raises(PolicyError, match="both be encoder-decoder"):
+        decode(ids, DecodePolicy(method="sd", max_new_tokens=4), models.target, models.vocab_size, draft=causal.draft)
+
+
+def test_sampled_sd_has_the_targets_distribution(seq2seq, tokenizer):
+    """The first two sampled tokens of `sd` on the T5 pair against the warped target's exact distribution
+    (chi-square, as for decoder-only pairs in test_distribution.py)."""
+    from viasd.decoding.engine import decode
+
+    models = seq2seq("t5")
+    ids = tokenizer(PROMPTS[0])["input_ids"]
+    warp = Sampler(WARP, torch.device("cpu"), 0).probs
+    start = models.target.config.decoder_start_token_id
+    enc = torch.tensor([ids])
+    dist = {}
+    with torch.inference_mode():
+        first = warp(models.target(input_ids=enc, decoder_input_ids=torch.tensor([[start]])).logits[0, -1].float())
+        for t1 in torch.nonzero(first).flatten().tolist():
+            second = warp(models.target(input_ids=enc, decoder_input_ids=torch.tensor([[start, t1]])).logits[0, -1].float())
+            for t2 in torch.nonzero(second).flatten().tolist():
+                dist[(t1, t2)] = float(first[t1] * second[t2])
+    counts = {}
+    for seed in range(1000):
+        policy = DecodePolicy(method="sd", gamma=2, max_new_tokens=2, sampling=WARP, seed=seed, eos_token_ids=())
+        key = tuple(decode(ids, policy, models.target, models.vocab_size, draft=models.draft).token_ids[:2])
+        counts[key] = counts.get(key, 0) + 1
+    assert p_value(counts, dist) > ALPHA

@@ -1,0 +1,67 @@
+"""Encoder-decoder (seq2seq) models in the decode loop: what differs from a decoder-only causal LM.
+
+- The prompt is the *encoder's* input. Each model (target, draft, an independent intermediate model)
+  encodes it once per decode (`encode`); the routed slim shares the target's encoder, as it shares its
+  embeddings and head, so it reuses the target's encoder outputs. The decoded sequence starts with the
+  model's `decoder_start_token_id` and holds only decoder tokens.
+- Every decoder pass reads the encoder outputs; the decoder's cache is an `EncoderDecoderCache`: the
+  self-attention part grows and is rolled back like a causal LM's, the cross-attention K/V are computed
+  by the first pass and reused by every later one.
+- The decoder layer stack is the one the routed slim verifier selects from (T5: `decoder.block`,
+  BART: `model.decoder.layers`); its size is `num_decoder_layers` / `decoder_layers`, not
+  `num_hidden_layers` (T5's encoder depth).
+Pure library code: no files, no tracking.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..errors import PolicyError
+
+# config keys holding the decoder's depth, by layout (T5 / MT5 / UMT5: num_decoder_layers; BART, mBART,
+# Marian, Pegasus: decoder_layers)
+DECODER_DEPTH_KEYS = ("num_decoder_layers", "decoder_layers")
+
+
+def is_encoder_decoder(model: nn.Module) -> bool:
+    return bool(getattr(model.config, "is_encoder_decoder", False))
+
+
+def text_config(model: nn.Module):
+    """The config that describes the decoder stack: the text config of a multimodal wrapper, the model's
+    own config for an encoder-decoder model (whose `get_text_config(decoder=True)` is a derived config
+    with default sizes, not this model's)."""
+    config = model.config
+    if getattr(config, "is_encoder_decoder", False) or not hasattr(config, "get_text_config"):
+        return config
+    return config.get_text_config(decoder=True)
+
+
+def decoder_depth_key(config) -> str | None:
+    """The config key of an encoder-decoder model's decoder depth (None for a decoder-only config)."""
+    if not getattr(config, "is_encoder_decoder", False):
+        return None
+    return next((k for k in DECODER_DEPTH_KEYS if isinstance(getattr(config, k, None), int)), None)
+
+
+def decoder_start_id(model: nn.Module) -> int:
+    """The token every decoded sequence starts with (the generation config's, else the model config's)."""
+    for source in (getattr(model, "generation_config", None), model.config):
+        value = getattr(source, "decoder_start_token_id", None)
+        if isinstance(value, int):
+            return value
+    raise PolicyError(f"{type(model).__name__} has no decoder_start_token_id in its config or generation config; "
+                      "an encoder-decoder model needs one to start decoding")
+
+
+@torch.inference_mode()
+def encode(model: nn.Module, prompt: torch.Tensor):
+    """The encoder's outputs for `prompt` `[1, P]` (a `BaseModelOutput`, `last_hidden_state` `[1, P, H]`)."""
+    return model.get_encoder()(input_ids=prompt, attention_mask=torch.ones_like(prompt))
+
+
+def same_encoder(a: nn.Module, b: nn.Module) -> bool:
+    """True when two models (a target and a view routed out of it) run the very same encoder module."""
+    return a.get_encoder() is b.get_encoder()
