@@ -22,8 +22,8 @@ from .kv_cache import model_cache
 from .policy import DecodePolicy
 from .routing import SlimVerifier
 from .runner import ModelRunner
-from .seq2seq import decoder_start_id, encode, is_encoder_decoder, same_encoder, text_config
 from .sampling import Sampler
+from .seq2seq import decoder_start_id, encode, is_encoder_decoder, same_encoder, text_config
 from .stats import DecodeStats
 from .stopping import StopRule
 

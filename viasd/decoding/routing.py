@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torch import nn
+
 from ..errors import MaskError, UnsupportedArchitectureError
 from .kv_cache import keep_slots, model_cache
 from .seq2seq import decoder_depth_key, text_config
