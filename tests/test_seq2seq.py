@@ -198,3 +198,17 @@ def test_sampled_sd_has_the_targets_distribution(seq2seq, tokenizer):
         key = tuple(decode(ids, policy, models.target, models.vocab_size, draft=models.draft).token_ids[:2])
         counts[key] = counts.get(key, 0) + 1
     assert p_value(counts, dist) > ALPHA
+
+
+def test_bench_runs_every_method_and_the_transformers_baselines(seq2seq, tokenizer):
+    """`viasd bench`'s benchmark on the T5 pair: every method and transformers' greedy and assisted
+    generation for seq2seq, with the same-output check of the lossless ones."""
+    from viasd.benchmark import method_table, run_benchmark
+
+    models = seq2seq("t5")
+    prompts = [tokenizer(p)["input_ids"] for p in PROMPTS[:2]]
+    names = ["hf_ar", "hf_assisted", "hf_assisted_fixed", "ar", "sd", "cascade_sd", "spec_cascade", "viasd"]
+    res = run_benchmark(models, prompts, method_table(models, names, 3, 8), 8, repeats=1, progress=False)
+    assert set(res["methods"]) == set(names)
+    assert all(res["methods"][n]["tokens_per_second"]["median"] > 0 for n in names)
+    assert res["methods"]["sd"]["quality"]["fidelity"] == 1.0 and res["ratios"]["sd_vs_hf_assisted"] > 0

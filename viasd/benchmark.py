@@ -131,7 +131,8 @@ def hf_generate(models: ModelSet, max_new_tokens: int, assistant: bool, assistan
         finally:
             if own is not None:
                 models.draft.generation_config = own
-        return out[0, len(prompt):].tolist()
+        # a decoder-only model returns prompt + new tokens; an encoder-decoder model the decoder start + new
+        return out[0, 1 if models.target.config.is_encoder_decoder else len(prompt):].tolist()
 
     return run
 

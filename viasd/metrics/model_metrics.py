@@ -16,17 +16,32 @@ def agreement(tokens: list[int], target_greedy: list[int]) -> float:
     return same / max(len(target_greedy), len(tokens))
 
 
+def _next_token_logits(target, prompt_ids: list[int], tokens: list[int]) -> torch.Tensor:
+    """The target's logits `[n, V]` predicting each of `tokens` (n of them) after the prompt, in one pass:
+    a causal LM over `prompt + tokens[:-1]`; an encoder-decoder model encoding the prompt and decoding
+    `decoder_start + tokens[:-1]`."""
+    device = next(target.parameters()).device
+    if getattr(target.config, "is_encoder_decoder", False):
+        from ..decoding.seq2seq import decoder_start_id
+
+        decoder = torch.tensor([[decoder_start_id(target), *tokens[:-1]]], device=device)
+        prompt = torch.tensor([list(prompt_ids)], device=device)
+        return target(input_ids=prompt, attention_mask=torch.ones_like(prompt), decoder_input_ids=decoder,
+                      use_cache=False).logits[0]
+    ids = torch.tensor([list(prompt_ids) + list(tokens)], device=device)
+    return target(input_ids=ids[:, :-1], use_cache=False, logits_to_keep=len(tokens)).logits[0]
+
+
 @torch.inference_mode()
 def target_nll(target, prompt_ids: list[int], tokens: list[int], vocab_size: int | None = None) -> float | None:
     """Mean negative log-likelihood (nats/token) the target assigns to `tokens` after the prompt."""
     if not tokens:
         return None
-    device = next(target.parameters()).device
-    ids = torch.tensor([list(prompt_ids) + list(tokens)], device=device)
-    logits = target(input_ids=ids[:, :-1], use_cache=False, logits_to_keep=len(tokens)).logits[0]
+    logits = _next_token_logits(target, prompt_ids, tokens)
     if vocab_size is not None:
         logits = logits[:, :vocab_size]
-    return F.cross_entropy(logits.float(), ids[0, -len(tokens):]).item()
+    gold = torch.tensor(tokens, device=logits.device)
+    return F.cross_entropy(logits.float(), gold).item()
 
 
 @torch.inference_mode()
@@ -40,13 +55,11 @@ def teacher_forced(target, prompt_ids: list[int], tokens: list[int], vocab_size:
     """
     if not tokens:
         return None
-    device = next(target.parameters()).device
-    ids = torch.tensor([list(prompt_ids) + list(tokens)], device=device)
-    logits = target(input_ids=ids[:, :-1], use_cache=False, logits_to_keep=len(tokens)).logits[0]  # [n, V]
+    logits = _next_token_logits(target, prompt_ids, tokens)  # [n, V]
     if vocab_size is not None:
         logits = logits[:, :vocab_size]
     logits = logits.float()
-    gold = ids[0, -len(tokens):]
+    gold = torch.tensor(tokens, device=logits.device)
     return {"fidelity": (logits.argmax(-1) == gold).float().mean().item(),
             "nll": F.cross_entropy(logits, gold).item(), "tokens": len(tokens)}
 
