@@ -212,3 +212,25 @@ def test_bench_runs_every_method_and_the_transformers_baselines(seq2seq, tokeniz
     assert set(res["methods"]) == set(names)
     assert all(res["methods"][n]["tokens_per_second"]["median"] > 0 for n in names)
     assert res["methods"]["sd"]["quality"]["fidelity"] == 1.0 and res["ratios"]["sd_vs_hf_assisted"] > 0
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_dimr_searches_the_decoder_on_split_windows(seq2seq, tokenizer, tmp_path, layout):
+    """DIMR on an encoder-decoder pair: each calibration window's first half is the source, the rest the
+    target; the all-layers slim costs nothing against the target, a routed one does, and the search
+    returns a mask of the budget over the decoder's layers."""
+    from viasd.search.calibration import greedy_choices, window_logits
+    from viasd.search.dimr import DimrConfig, MaskCost, dimr_search
+
+    models = seq2seq(layout)
+    windows = torch.tensor([tokenizer(p * 6)["input_ids"][:17] for p in PROMPTS])
+    every, half = RoutingMask.from_layers([0, 1, 2, 3], 4), RoutingMask.from_layers([0, 2], 4)
+    target_cost = MaskCost(models.target, models.draft, windows, models.vocab_size, "target", 2)
+    assert target_cost(every) == pytest.approx(0.0, abs=1e-5) and target_cost(half) > 0
+    assert target_cost.target_logp.shape[:2] == (3, 17 - 17 // 2)  # the target half of each window
+    path = MaskCost(models.target, models.draft, windows, models.vocab_size, "path", 2)
+    result = dimr_search(path, DimrConfig(n_random=3, n_bayes=2), f"sqlite:///{tmp_path / 'dimr.db'}", "dimr", False)
+    assert len(result.keep_layers) == 2 and all(0 <= k < 4 for k in result.keep_layers) and result.cost > 0
+    choices, nll = greedy_choices(lambda ids: window_logits(models.target, ids), windows, models.vocab_size,
+                                  encoder_decoder=True)
+    assert choices.shape == (3, 17 - 17 // 2) and nll > 0

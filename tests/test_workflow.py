@@ -315,3 +315,30 @@ def test_dvc_repro_reruns_only_what_a_parameter_change_touches(repo):
 
     pushed = run([str(BIN / "dvc"), "push"], repo)
     assert "pushed" in pushed.stdout and any((repo / ".dvc-remote").rglob("*"))
+
+
+@pytest.mark.slow
+def test_snakemake_study_on_an_encoder_decoder_hub_pair(repo):
+    """A tiny random T5 pair saved to local directories and named under `models.hub_pairs` (its kind is
+    detected, not configured): the Snakemake study runs end to end with no training — data, DIMR over
+    the decoder, thresholds, decodes, evaluation, report."""
+    import torch
+    import transformers as tf
+    from test_seq2seq import build_seq2seq_pair
+
+    run([str(BIN / "viasd"), "prepare-data", "--params", "params.yaml", "--config", "config/smoke.yaml",
+         "--only", "corpus"], repo)
+    tokenizer = tf.AutoTokenizer.from_pretrained(repo / "data-smoke" / "tokenizer")
+    torch.manual_seed(0)
+    target, draft = build_seq2seq_pair(repo / "t5", "t5", tokenizer)
+    (repo / "t5.yaml").write_text(yaml.safe_dump({
+        "models": {"hub_pairs": {"t5": {"target": str(target), "draft": str(draft), "dtype": "float32"}}},
+        "study": {"name": "t5", "pairs": ["t5"], "runs": ["ar", "sd", "cascade_sd", "viasd", "viasd-mask_random"]}}))
+    snakemake(repo, "--cores", "2", "all", "--configfile", "config/smoke.yaml", "t5.yaml", timeout=1200)
+    assert not (repo / "models-smoke" / "smoke").exists()  # nothing trained
+    mask = json.loads((repo / "models-smoke" / "masks" / "t5" / "mask.json").read_text())
+    assert len(mask["keep_layers"]) == 2 and mask["num_layers"] == 4  # half of the decoder's 4 layers
+    rows = {row[0]: row for row in md_rows((repo / "reports-smoke" / "tables" / "t5-stdlib_continuation.md").read_text())}
+    assert {"ar", "sd", "cascade_sd", "viasd", "viasd-mask_random"} <= set(rows)
+    sd = json.loads((repo / "reports-smoke" / "eval" / "t5" / "stdlib_continuation" / "sd.json").read_text())
+    assert sd["quality"]["fidelity"] == 1.0

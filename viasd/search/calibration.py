@@ -33,6 +33,28 @@ def load_calibration(path: Path) -> torch.Tensor:
 
 
 @torch.inference_mode()
+def window_logits(model, batch: torch.Tensor) -> torch.Tensor:
+    """Teacher-forced logits of `model` on calibration windows `batch` `[B, T-1]` (each window without its
+    last token). A causal LM predicts tokens `1..T-1` of the window: `[B, T-1, V]`. An encoder-decoder
+    model (T5, BART) reads the window's first half `h = T // 2` tokens as its source and predicts the
+    rest as its target, decoding from its start token: `[B, T-h, V]`, tokens `h..T-1`. Every model of a
+    pair (and every slim view) splits a window alike, so their distributions are position for position."""
+    if not getattr(model.config, "is_encoder_decoder", False):
+        return model(input_ids=batch, use_cache=False).logits
+    from ..decoding.seq2seq import decoder_start_id
+
+    h = (batch.shape[1] + 1) // 2
+    source = batch[:, :h]
+    start = torch.full((batch.shape[0], 1), decoder_start_id(model), dtype=batch.dtype, device=batch.device)
+    return model(input_ids=source, attention_mask=torch.ones_like(source),
+                 decoder_input_ids=torch.cat([start, batch[:, h:]], dim=1), use_cache=False).logits
+
+
+def window_targets(tokens: torch.Tensor, encoder_decoder: bool) -> torch.Tensor:
+    """The tokens `window_logits` predicts: `tokens[:, 1:]` (causal) or the second half (encoder-decoder)."""
+    return tokens[:, tokens.shape[1] // 2 :] if encoder_decoder else tokens[:, 1:]
+
+
 def log_probs(forward, tokens: torch.Tensor, vocab_size: int, batch_size: int = 8) -> torch.Tensor:
     """`forward(input_ids) -> logits`; returns float32 log-probabilities `[N, T-1, V]` predicting
     tokens `1..T-1` of each window."""
@@ -55,15 +77,16 @@ def spread_windows(stream, sequences: int, length: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def greedy_choices(forward, tokens: torch.Tensor, vocab_size: int, batch_size: int = 8) -> tuple[torch.Tensor, float]:
-    """A model's teacher-forced greedy choices on `tokens` `[N, T]` (`forward(input_ids) -> logits`):
-    the argmax ids `[N, T-1]` and the mean NLL of the real next tokens (nats/token). Batch by batch,
-    so the full log-probabilities `[N, T-1, V]` are never held."""
+def greedy_choices(forward, tokens: torch.Tensor, vocab_size: int, batch_size: int = 8,
+                   encoder_decoder: bool = False) -> tuple[torch.Tensor, float]:
+    """A model's teacher-forced greedy choices on `tokens` `[N, T]` (`forward(input_ids) -> logits`, e.g.
+    `window_logits`): the argmax ids at every predicted position and the mean NLL of the real tokens there
+    (nats/token). Batch by batch, so the full log-probabilities `[N, T-1, V]` are never held."""
     choices, total = [], 0.0
     for start in range(0, tokens.shape[0], batch_size):
         batch = tokens[start : start + batch_size]
         logp = log_probs(forward, batch, vocab_size, batch_size)
         choices.append(logp.argmax(-1))
-        total -= logp.gather(-1, batch[:, 1:, None].cpu()).sum().item()
+        total -= logp.gather(-1, window_targets(batch, encoder_decoder)[..., None].cpu()).sum().item()
     argmax = torch.cat(choices)
     return argmax, total / argmax.numel()

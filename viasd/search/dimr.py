@@ -23,7 +23,7 @@ import torch
 
 from ..decoding.routing import RoutingMask, SlimVerifier, evenly_spaced_mask, num_decoder_layers
 from ..errors import ViasdError
-from .calibration import log_probs
+from .calibration import log_probs, window_logits
 from .cost import COSTS, position_costs
 
 log = logging.getLogger(__name__)
@@ -96,11 +96,11 @@ class MaskCost:
         self.vocab_size = vocab_size
         self.num_layers = num_decoder_layers(target)
         start = time.perf_counter()
-        self.target_logp = log_probs(lambda ids: target(input_ids=ids, use_cache=False).logits, self.tokens,
+        self.target_logp = log_probs(lambda ids: window_logits(target, ids), self.tokens,
                                      vocab_size, batch_size)
         self.draft_logp = None
         if kind == "path":
-            self.draft_logp = log_probs(lambda ids: draft(input_ids=ids, use_cache=False).logits, self.tokens,
+            self.draft_logp = log_probs(lambda ids: window_logits(draft, ids), self.tokens,
                                         vocab_size, batch_size)
         self.reference_seconds = time.perf_counter() - start
         self.passes = 0
@@ -115,7 +115,7 @@ class MaskCost:
         total, count = 0.0, 0
         for start in range(0, self.tokens.shape[0], self.batch_size):
             batch = self.tokens[start : start + self.batch_size, :-1]
-            logits = slim.model(input_ids=batch, use_cache=False).logits[..., : self.vocab_size].float()
+            logits = window_logits(slim.model, batch)[..., : self.vocab_size].float()
             slim_logp = torch.log_softmax(logits, -1).cpu()
             end = start + batch.shape[0]
             draft = self.draft_logp[start:end] if self.draft_logp is not None else None

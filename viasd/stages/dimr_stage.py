@@ -127,9 +127,9 @@ def family_agreement(params: Params, pair: Pair, models, masks: dict) -> dict:
     """Teacher-forced greedy agreement with the target, and NLL, of the draft, each slim of `masks`
     (name -> kept layers) and the pair's independent model, on windows spread over the corpus's test
     split (the trained family; hub pairs, whose tokenizer is another, on the calibration set)."""
-    from ..decoding.routing import RoutingMask, SlimVerifier
+    from ..decoding.routing import RoutingMask, SlimVerifier, num_decoder_layers
     from ..models import load_model
-    from ..search.calibration import greedy_choices, spread_windows
+    from ..search.calibration import greedy_choices, spread_windows, window_logits, window_targets
     from ..training.train import load_token_stream
 
     length, sequences = params.data.calibration_length, params.data.calibration_sequences
@@ -142,15 +142,16 @@ def family_agreement(params: Params, pair: Pair, models, masks: dict) -> dict:
     tokens = tokens.to(device)
     vocab = models.vocab_size
     forwards = {"target": target, "draft": models.draft}
-    n = target.config.num_hidden_layers
+    n = num_decoder_layers(target)
     forwards.update({name: SlimVerifier(target, RoutingMask.from_layers(keep, n)).model for name, keep in masks.items()})
     if pair.independent:
         forwards["independent"] = load_model(pair.independent, device=str(device), dtype=pair.dtype,
                                              trust_remote_code=pair.trust_remote_code)
-    out = {"split": split, "tokens": int(tokens.shape[0] * (tokens.shape[1] - 1))}
+    seq2seq = bool(getattr(target.config, "is_encoder_decoder", False))
+    out = {"split": split, "tokens": int(window_targets(tokens, seq2seq).numel())}
     reference = None  # the target's choices: the first model measured
     for name, model in forwards.items():
-        choices, nll = greedy_choices(lambda ids, m=model: m(input_ids=ids, use_cache=False).logits, tokens, vocab)
+        choices, nll = greedy_choices(lambda ids, m=model: window_logits(m, ids), tokens, vocab, encoder_decoder=seq2seq)
         reference = choices if reference is None else reference
         out[name] = {"agreement": round((choices == reference).float().mean().item(), 4), "nll": round(nll, 4)}
     return out
