@@ -44,6 +44,23 @@ def test_hub_task_from_local_file_in_hub_schema(tmp_path, name):
         assert result["pass_at_1"] == 1.0
 
 
+def test_prompt_templates_for_models_with_their_own_format(tmp_path):
+    """T5's task prefixes: the template fills from the row's fields (WMT's nested pair lifted); a field
+    the data lacks is a one-line error naming the fields there are."""
+    for name, template, prompt in (("cnn_dailymail", "summarize: {article}",
+                                    "summarize: The council met on Monday. It approved the budget."),
+                                   ("wmt14_de_en", "translate German to English: {de}",
+                                    "translate German to English: Guten Morgen.")):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text(json.dumps(HUB_ROWS[name][0]) + "\n")
+        source = {"path": "json", "data_files": {"test": str(path)}}
+        (e,) = hub_examples(name, "test", 1, source, template)
+        assert e.prompt == prompt and e.reference == hub_examples(name, "test", 1, source)[0].reference
+    with pytest.raises(TaskError, match="no field 'text' .*fields: article, highlights, id"):
+        hub_examples("cnn_dailymail", "test", 1, {"path": "json", "data_files": {"test": str(tmp_path / "cnn_dailymail.jsonl")}},
+                     "summarize: {text}")
+
+
 def test_unreachable_hub_says_how_to_use_a_local_copy(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(TaskError) as err:

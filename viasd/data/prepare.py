@@ -136,7 +136,7 @@ def prepare_tasks(params: Params, tasks: list[str] | None = None, splits: tuple[
                 examples = builtin.humaneval(tokenizer, split, cfg.get("dev_prompts", 16),
                                              cfg.get("test_prompts", 64), cfg.get("max_prompt_tokens", 384))
             else:
-                examples = hub.hub_examples(name, split, n, cfg.get("source"))
+                examples = hub.hub_examples(name, split, n, cfg.get("source"), cfg.get("template"))
             path = examples_path(params.data.dir, name, split)
             write_jsonl(path, [e.to_json() for e in examples])
             written.append(path)

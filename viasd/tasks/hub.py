@@ -5,14 +5,16 @@ configs. Each can be pointed at a local copy in `params.yaml`:
       cnn_dailymail:
         source: {path: json, data_files: {test: /data/cnn_dm/test.jsonl}}
 
-The local files must have the hub dataset's schema (the same column names).
+The local files must have the hub dataset's schema (the same column names). `tasks.<name>.template`
+replaces the built-in prompt by a format string over the row's fields, for models trained on a prompt
+format of their own (T5: `"summarize: {article}"`, `"translate German to English: {de}"`).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .base import Example, TaskError, TaskSpec
 from .builtin import HUMANEVAL_STOPS
@@ -70,8 +72,35 @@ HUB_TASKS = {
 }
 
 
-def hub_examples(name: str, split: str, n: int, source: dict | None = None) -> list[Example]:
-    """The first `n` examples of `split` (`dev` or `test`) of a hub task, from the hub or `source`."""
+def row_fields(row: dict) -> dict:
+    """A row's fields for a prompt template: its columns, with a nested dict's keys lifted (WMT's
+    `translation: {de, en}` gives `{de}` and `{en}`)."""
+    out = {}
+    for key, value in row.items():
+        out[key] = value
+        if isinstance(value, dict):
+            out.update(value)
+    return out
+
+
+def apply_template(name: str, template: str, row: dict) -> str:
+    """`template` (`str.format` over `row_fields`), e.g. T5's `"summarize: {article}"`; a field the row
+    does not have is a one-line error naming it and the fields there are."""
+    fields = row_fields(row)
+    try:
+        return template.format(**fields)
+    except KeyError as err:
+        raise TaskError(f"tasks.{name}.template: the data has no field {err.args[0]!r} "
+                        f"(fields: {', '.join(sorted(fields))})") from None
+    except (IndexError, ValueError) as err:
+        raise TaskError(f"tasks.{name}.template {template!r} is not a valid format string: {err}") from None
+
+
+def hub_examples(name: str, split: str, n: int, source: dict | None = None,
+                 template: str | None = None) -> list[Example]:
+    """The first `n` examples of `split` (`dev` or `test`) of a hub task, from the hub or `source`; with
+    `template`, its prompt is the template filled from each row (models trained on a prompt format of
+    their own, such as T5's `summarize:` and `translate German to English:` prefixes)."""
     task = HUB_TASKS[name]
     kwargs = dict(source) if source else dict(task.source)
     local = source is not None
@@ -97,7 +126,10 @@ def hub_examples(name: str, split: str, n: int, source: dict | None = None) -> l
     missing = _missing_columns(name, data.column_names)
     if missing:
         raise TaskError(f"task {name}: the data has no column {missing!r} (columns: {', '.join(data.column_names)})")
-    return [task.make(row, i) for i, row in enumerate(rows)]
+    examples = [task.make(row, i) for i, row in enumerate(rows)]
+    if template is not None:
+        examples = [replace(e, prompt=apply_template(name, template, row)) for e, row in zip(examples, rows)]
+    return examples
 
 
 _COLUMNS = {"cnn_dailymail": ("article", "highlights"), "xsum": ("document", "summary"),
