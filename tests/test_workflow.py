@@ -342,3 +342,8 @@ def test_snakemake_study_on_an_encoder_decoder_hub_pair(repo):
     assert {"ar", "sd", "cascade_sd", "viasd", "viasd-mask_random"} <= set(rows)
     sd = json.loads((repo / "reports-smoke" / "eval" / "t5" / "stdlib_continuation" / "sd.json").read_text())
     assert sd["quality"]["fidelity"] == 1.0
+    # viasd bench on the pair: every method and transformers' greedy and assisted generation, same outputs
+    run([str(BIN / "viasd"), "bench", "--params", "params.yaml", "--config", "config/smoke.yaml", "--config", "t5.yaml",
+         "--no-track", "--pair", "t5", "--prompts", "2", "--repeats", "1", "--max-new-tokens", "8"], repo)
+    bench = json.loads(next((repo / "reports-smoke" / "bench").glob("t5-stdlib_continuation*.json")).read_text())
+    assert {"hf_ar", "hf_assisted", "ar", "sd", "cascade_sd", "spec_cascade", "viasd"} <= set(bench["methods"])
