@@ -87,7 +87,11 @@ def family_rows(params: Params, pair: str) -> list[dict]:
                       "test_nll": t["test_nll"]}
         if (Path(source) / "config.json").exists():
             c = json.loads((Path(source) / "config.json").read_text())
-            fields["shape"] = f"{c.get('num_hidden_layers')} × {c.get('hidden_size')}"
+            if c.get("is_encoder_decoder"):  # T5: num_decoder_layers, d_model; BART: decoder_layers, d_model
+                depth = c.get("num_decoder_layers") or c.get("decoder_layers")
+                fields["shape"] = f"decoder {depth} × {c.get('d_model')}"
+            else:
+                fields["shape"] = f"{c.get('num_hidden_layers')} × {c.get('hidden_size')}"
         rows.append(row(role, role, **fields))
     n = mask.get("num_layers")
     slims = [("DIMR", "slim", mask)] + [(b, b, json.loads(paths[b].read_text()))
