@@ -21,6 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..config import Pair, Params
+from ..decoding.routing import num_decoder_layers
 from ..io import write_json, write_jsonl
 from ..search.calibration import load_calibration
 from ..search.dimr import DimrConfig, MaskCost, baseline_mask, dimr_search, result_json
@@ -101,7 +102,7 @@ def run_dimr_stage(params: Params, progress: bool = True, pair: Pair | None = No
     calibration = load_calibration(params.data.dir / "calibration.parquet")
     models = load_models(pair.target, draft=pair.draft, device=params.device, dtype=pair.dtype,
                          trust_remote_code=pair.trust_remote_code)
-    cfg.budget(models.target.config.num_hidden_layers)  # fail early on an impossible budget
+    cfg.budget(num_decoder_layers(models.target))  # fail early on an impossible budget
     cost = MaskCost(models.target, models.draft, calibration, models.vocab_size, cfg.cost, cfg.batch_size)
     storage, search_name = optuna_storage(params, paths["storage"]), study_name(f"dimr-{pair.name}", asdict(cfg))
     result = dimr_search(cost, cfg, storage, search_name, progress)
@@ -127,7 +128,7 @@ def family_agreement(params: Params, pair: Pair, models, masks: dict) -> dict:
     """Teacher-forced greedy agreement with the target, and NLL, of the draft, each slim of `masks`
     (name -> kept layers) and the pair's independent model, on windows spread over the corpus's test
     split (the trained family; hub pairs, whose tokenizer is another, on the calibration set)."""
-    from ..decoding.routing import RoutingMask, SlimVerifier, num_decoder_layers
+    from ..decoding.routing import RoutingMask, SlimVerifier
     from ..models import load_model
     from ..search.calibration import greedy_choices, spread_windows, window_logits, window_targets
     from ..training.train import load_token_stream
