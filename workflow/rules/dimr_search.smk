@@ -2,10 +2,11 @@ rule dimr_search:
     """The slim verifier's routing mask (Optuna, resumable: the study lives in models/optuna/), the baseline
     masks, the cost-ablation mask when study.runs asks for one, and the search plots."""
     input:
-        # the calibration set; the corpus's test split for the family table's agreement figures
+        # the calibration set; the corpus's test split and every model of the pair (the independent one
+        # included) for the family table's agreement figures
         f"{DATA}/calibration.parquet",
         f"{DATA}/corpus",
-        models=lambda w: pair_models(w.pair),
+        models=lambda w: pair_models(w.pair, ["target", "draft", "independent"]),
     output:
         masks=directory(f"{MODELS}/masks/{{pair}}"),
         plots=report(
