@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerFast
 from viasd.data.corpus import SourceFile
 from viasd.evaluation import task_quality
 from viasd.metrics import scoring
-from viasd.metrics.code_checks import body_end, compiles, function_source
+from viasd.metrics.code_checks import body_end, compiles, function_source, generated_body
 from viasd.tasks import get_task
 from viasd.tasks.builtin import stdlib_functions
 
@@ -68,7 +68,7 @@ def test_examples_are_functions_with_docstrings_and_short_bodies():
     ex = {e.extra["name"]: e for e in examples()}
     assert set(ex) == {"hypot2", "area", "tail"}  # no docstring; a body line at column 0: left out
     h = ex["hypot2"]
-    assert h.prompt.endswith('    >>> hypot2(3, 4)\n    25\n    """\n') and h.prompt.startswith('"""A module."""')
+    assert h.prompt.endswith('    >>> hypot2(3, 4)\n    25\n    """') and h.prompt.startswith('"""A module."""')
     assert h.reference == "    s = a * a\n    s += b * b\n    return s\n"
     assert ex["area"].extra["def_indent"] == 4 and ex["area"].reference.startswith("        w = self.w")
     assert ex["area"].extra["header"] == "def area(self):\n"
@@ -81,13 +81,18 @@ def test_body_ends_where_the_indentation_returns():
     assert body_end("    x = 1\n\n    return x\n\n\ndef g():\n    pass\n", 0) == "    x = 1\n\n    return x\n"
     assert body_end("        return 1\n    def g(self):\n", 4) == "        return 1\n"
     assert body_end("return 1\n", 0) == ""
+    # after a prompt that ends with the docstring's closing quotes, the rest of that line is not body
+    assert generated_body("\n    x = 1\n    return x\ndef g():\n", 0) == "    x = 1\n    return x\n"
+    assert generated_body("  # ends the line\n    return 1\n", 0) == "    return 1\n"
+    assert generated_body("\n\nclass C:\n", 0) == "" and generated_body("", 4) == ""
 
 
 def test_metrics_separate_a_good_body_from_a_bad_one():
     ex = examples()
     task = get_task("stdlib_functions")
-    perfect = [{"text": e.reference + "\n\ndef other():\n    pass\n", "token_ids": [1]} for e in ex]
-    broken = [{"text": e.reference.splitlines(keepends=True)[0] + " " * (e.extra["def_indent"] + 4) + "x = (\n",
+    # outputs as the model writes them: the end of the docstring's line first, then the body
+    perfect = [{"text": "\n" + e.reference + "\n\ndef other():\n    pass\n", "token_ids": [1]} for e in ex]
+    broken = [{"text": "\n" + e.reference.splitlines(keepends=True)[0] + " " * (e.extra["def_indent"] + 4) + "x = (\n",
                "token_ids": [1]} for e in ex]
     good, bad = task_quality(task, ex, perfect), task_quality(task, ex, broken)
     assert good["chrf"] == 100.0 and good["edit_sim"] == 1.0 and good["compiles"] == 1.0
@@ -117,9 +122,9 @@ def test_real_stdlib_functions_with_doctests_are_checked_by_running_them():
     marked = [e for e in ex if e.extra["doctest"]]
     assert 1 <= len(marked) <= 3  # doctest functions first, at most a quarter
     task = get_task("stdlib_functions")
-    real = task_quality(task, marked, [{"text": e.reference, "token_ids": [1]} for e in marked])
-    wrong = task_quality(task, marked, [{"text": " " * (e.extra["def_indent"] + 4) + "return None\n", "token_ids": [1]}
-                                        for e in marked])
+    real = task_quality(task, marked, [{"text": "\n" + e.reference, "token_ids": [1]} for e in marked])
+    wrong = task_quality(task, marked, [{"text": "\n" + " " * (e.extra["def_indent"] + 4) + "return None\n",
+                                         "token_ids": [1]} for e in marked])
     assert real["doctest_pass"] == 1.0 and wrong["doctest_pass"] == 0.0 and wrong["compiles"] == 1.0
 
 

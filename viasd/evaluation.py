@@ -82,12 +82,12 @@ def task_quality(task: TaskSpec, examples: list[Example], rows: list[dict], mode
     rest are text metrics from `viasd.metrics`. Examples that carry a `def_indent` (function bodies)
     are scored on the body the output holds, cut where its indentation returns to the `def`'s.
     """
-    from .metrics.code_checks import body_compiles, body_end, passes_doctests
+    from .metrics.code_checks import body_compiles, generated_body, passes_doctests
     from .metrics.execution import pass_at_1
     from .metrics.model_metrics import agreement, target_nll
     from .metrics.text_metrics import compute
 
-    texts = [body_end(row["text"] or "", e.extra["def_indent"]) if "def_indent" in e.extra else row["text"] or ""
+    texts = [generated_body(row["text"] or "", e.extra["def_indent"]) if "def_indent" in e.extra else row["text"] or ""
              for e, row in zip(examples, rows)]
     out: dict = {}
     for name in task.metrics:

@@ -23,6 +23,12 @@ def body_end(text: str, def_indent: int) -> str:
     return body + "\n" if body else ""
 
 
+def generated_body(text: str, def_indent: int) -> str:
+    """The body a model wrote after a prompt that ends with the docstring's closing quotes: the rest of
+    that line is not part of it, the body is `body_end` of the lines after it."""
+    return body_end(text.partition("\n")[2], def_indent)
+
+
 def function_source(header: str, docstring_lines: str, body: str) -> str:
     """A function's source at column 0: `header` (its `def` line(s), dedented), the docstring lines and
     the body as they stand in the file (any common indentation)."""

@@ -110,15 +110,19 @@ def function_candidates(f, tokenizer, max_prompt_tokens: int, max_body_tokens: i
                  "header": textwrap.dedent("".join(lines[node.lineno - 1 : doc.lineno - 1])),
                  "docstring": "".join(lines[doc.lineno - 1 : doc.end_lineno]),
                  "module": _module_name(f.path) if parent is tree and ">>>" in ast.get_docstring(node) else None,
-                 "prefix": "".join(lines[: doc.end_lineno]), "max_prompt_tokens": max_prompt_tokens}
+                 # the prompt ends with the docstring's closing quotes, not after its newline: in the corpus a
+                 # newline and the next line's indentation are one token, so a prompt ending in a bare newline
+                 # token asks the model for what follows a line break at column 0 (a new def or class)
+                 "prefix": "".join(lines[: doc.end_lineno]).removesuffix("\n").removesuffix("\r"),
+                 "max_prompt_tokens": max_prompt_tokens}
         if body_compiles(extra, body):
             out.append(Example(id=f"{f.path}:{node.lineno}:{node.name}", prompt="", reference=body, extra=extra))
     return out
 
 
 def with_prompt(example: Example, tokenizer, doctest: bool) -> Example:
-    """The chosen candidate with its prompt: the last `max_prompt_tokens` tokens of its file up to the end
-    of the docstring."""
+    """The chosen candidate with its prompt: the last `max_prompt_tokens` tokens of its file up to the
+    docstring's closing quotes."""
     x = example.extra
     prompt_ids = tokenizer(x.pop("prefix"), add_special_tokens=False)["input_ids"][-x.pop("max_prompt_tokens"):]
     x["doctest"] = doctest
