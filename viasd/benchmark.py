@@ -34,6 +34,7 @@ import torch
 
 from .bench_outputs import check_outputs, quality_of, tie_gap  # noqa: F401 (re-exported)
 from .decoding.policy import DecodePolicy
+from .decoding.seq2seq import is_encoder_decoder
 from .decoding.stats import DecodeStats
 from .errors import BenchError
 from .models import ModelSet
@@ -132,7 +133,7 @@ def hf_generate(models: ModelSet, max_new_tokens: int, assistant: bool, assistan
             if own is not None:
                 models.draft.generation_config = own
         # a decoder-only model returns prompt + new tokens; an encoder-decoder model the decoder start + new
-        return out[0, 1 if models.target.config.is_encoder_decoder else len(prompt):].tolist()
+        return out[0, 1 if is_encoder_decoder(models.target) else len(prompt):].tolist()
 
     return run
 

@@ -20,6 +20,7 @@ from .decoding.engine import DecodeResult, decode
 from .decoding.intermediate import IndependentVerifier
 from .decoding.policy import DecodePolicy
 from .decoding.routing import RoutingMask, SlimVerifier, num_decoder_layers
+from .decoding.seq2seq import is_encoder_decoder
 from .errors import ModelLoadError, PromptError, VocabularyMismatchError
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ def load_model(name_or_path: str | Path, device: str = "auto", dtype: str = "aut
 
 def _same_kind(target: nn.Module, other: nn.Module, role: str) -> None:
     """Both decoder-only, or both encoder-decoder: decoding feeds them the same sequence."""
-    kinds = ["an encoder-decoder model" if getattr(m.config, "is_encoder_decoder", False) else "a decoder-only model"
+    kinds = ["an encoder-decoder model" if is_encoder_decoder(m) else "a decoder-only model"
              for m in (target, other)]
     if kinds[0] != kinds[1]:
         raise ModelLoadError(f"the target is {kinds[0]} but the {role} is {kinds[1]}; a pair must be of one kind")

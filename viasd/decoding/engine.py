@@ -23,7 +23,7 @@ from .policy import DecodePolicy
 from .routing import SlimVerifier
 from .runner import ModelRunner
 from .sampling import Sampler
-from .seq2seq import decoder_start_id, encode, is_encoder_decoder, same_encoder, text_config
+from .seq2seq import decoder_start_id, encode, is_encoder_decoder, text_config
 from .stats import DecodeStats
 from .stopping import StopRule
 
@@ -131,20 +131,20 @@ class DecodeSession:
         for r in self.runners:
             r.start()
         if self.seq2seq:
-            self._encode(torch.tensor([encoder_prompt], dtype=torch.long, device=device), target)
+            self._encode(torch.tensor([encoder_prompt], dtype=torch.long, device=device))
 
-    def _encode(self, prompt: torch.Tensor, target: nn.Module) -> None:
-        """Encode the prompt once per distinct encoder: the target's outputs serve the target and every
-        slim routed out of it (they share its encoder), the draft and an independent model encode their own."""
+    def _encode(self, prompt: torch.Tensor) -> None:
+        """Encode the prompt once per distinct encoder module: the target's outputs serve the target and
+        every slim routed out of it (they share its encoder), the draft and an independent model encode
+        their own."""
         encoded = {}
         for r in self.runners:
-            key = next((m for m in encoded if same_encoder(m, r.model)), None)
-            if key is None:
-                key = r.model if not same_encoder(r.model, target) else target
+            encoder = r.model.get_encoder()
+            if encoder not in encoded:
                 start = time.perf_counter()
-                encoded[key] = encode(key, prompt)
+                encoded[encoder] = encode(r.model, prompt)
                 self.stats.encoder_time_s += time.perf_counter() - start
-            r.encoder_outputs = encoded[key]
+            r.encoder_outputs = encoded[encoder]
 
     @staticmethod
     def _shared_prefix(policy: DecodePolicy, slims):

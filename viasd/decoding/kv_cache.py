@@ -22,6 +22,7 @@ from transformers.cache_utils import DynamicLayer
 
 from ..errors import PolicyError
 from .policy import CACHE_KINDS, DEFAULT_CACHE
+from .seq2seq import decoder_depth, is_encoder_decoder
 
 
 class InPlaceLayer(DynamicLayer):
@@ -123,7 +124,7 @@ def model_cache(model: nn.Module, kind: str = DEFAULT_CACHE, capacity: int | Non
         raise PolicyError(f"cache must be one of {', '.join(CACHE_KINDS)}, got {kind!r}")
     if kind != "dynamic" and capacity is None:
         raise PolicyError(f"cache={kind!r} needs the decode's capacity (positions to preallocate)")
-    if getattr(model.config, "is_encoder_decoder", False):
+    if is_encoder_decoder(model):
         return _encoder_decoder_cache(model, kind, capacity)
     if kind == "static":
         cache = StaticCache(config=model.config, max_cache_len=capacity)
@@ -142,12 +143,9 @@ def _encoder_decoder_cache(model: nn.Module, kind: str, capacity: int | None):
     of `kind` (`inplace` or `dynamic`), the cross-attention part dynamic (filled once, by the first pass)."""
     from transformers import DynamicCache, EncoderDecoderCache
 
-    from .seq2seq import decoder_depth_key
-
     if kind == "static":
         raise PolicyError("cache='static' is not supported for encoder-decoder models; use cache='inplace' or 'dynamic'")
-    key = decoder_depth_key(model.config)
-    n = getattr(model.config, key) if key else model.config.num_hidden_layers
+    n = decoder_depth(model.config)
     self_attention, cross_attention = DynamicCache(), DynamicCache()
     self_attention.layers = [InPlaceLayer(capacity) if kind == "inplace" else DynamicLayer() for _ in range(n)]
     cross_attention.layers = [DynamicLayer() for _ in range(n)]

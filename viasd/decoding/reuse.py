@@ -33,6 +33,7 @@ from torch import nn
 from ..errors import UnsupportedArchitectureError
 from .kv_cache import keep_slots, model_cache
 from .runner import ModelRunner
+from .seq2seq import is_encoder_decoder
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ class SharedPrefix:
     def build(cls, target: nn.Module, mask) -> SharedPrefix | None:
         """The split for `mask` (an early exit when the mask is a prefix), or None (logged) when it does not
         keep layer 0, or the layout does not reproduce the target's or the slim's logits when split."""
-        if getattr(target.config, "is_encoder_decoder", False):
+        if is_encoder_decoder(target):
             log.info("reuse off: the split forward is implemented for decoder-only models")
             return None
         k = prefix_length(mask.keep_layers)

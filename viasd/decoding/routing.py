@@ -33,7 +33,7 @@ from torch import nn
 
 from ..errors import MaskError, UnsupportedArchitectureError
 from .kv_cache import keep_slots, model_cache
-from .seq2seq import decoder_depth_key, text_config
+from .seq2seq import decoder_depth, decoder_depth_key, is_encoder_decoder, text_config
 
 
 def decoder_config(model: nn.Module):
@@ -44,7 +44,7 @@ def decoder_config(model: nn.Module):
 def num_decoder_layers(model: nn.Module) -> int:
     """Decoder layers of `model` (an encoder-decoder model's decoder, not its encoder)."""
     config = decoder_config(model)
-    n = getattr(config, decoder_depth_key(config) or "num_hidden_layers", None)
+    n = decoder_depth(config)
     if not isinstance(n, int) or n <= 0:
         raise UnsupportedArchitectureError(
             f"{type(model).__name__}: its config has no positive `num_hidden_layers`, so its decoder layer "
@@ -72,7 +72,7 @@ def find_layer_stack(model: nn.Module) -> tuple[str, ...]:
         and all(type(block) is type(module[0]) for block in module)
         and _is_decoder_block(module[0])
     ]
-    if getattr(decoder_config(model), "is_encoder_decoder", False):  # the decoder's stack, not the encoder's
+    if is_encoder_decoder(model):  # the decoder's stack, not the encoder's
         found = [name for name in found if "decoder" in name.split(".")]
     if len(found) != 1:
         what = "no" if not found else f"{len(found)} ({', '.join(found)})"

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .kv_cache import cache_parts
-from .seq2seq import decoder_depth_key, text_config
+from .seq2seq import decoder_depth, text_config
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class ModelRunner:
         self.seconds = 0.0
         self._trim = False
         config = text_config(model)
-        self.layers = getattr(config, decoder_depth_key(config) or "num_hidden_layers", 0) or 0  # decoder layers a pass runs
+        self.layers = decoder_depth(config) or 0  # decoder layers a pass runs
         # an encoder-decoder model: the prompt's encoder outputs, set by the session once the prompt is encoded
         self.encoder_outputs = None
 

@@ -56,12 +56,21 @@ def decoder_start_id(model: nn.Module) -> int:
                       "an encoder-decoder model needs one to start decoding")
 
 
+def decoder_depth(config) -> int | None:
+    """Decoder layers a config describes: an encoder-decoder model's decoder depth, else `num_hidden_layers`."""
+    return getattr(config, decoder_depth_key(config) or "num_hidden_layers", None)
+
+
+def teacher_forced_logits(model: nn.Module, source: torch.Tensor, decoder_tokens: torch.Tensor) -> torch.Tensor:
+    """An encoder-decoder model's logits `[B, T+1, V]` reading `source` `[B, S]` and decoding
+    `decoder_start + decoder_tokens` (`[B, T]`) in one parallel pass."""
+    start = torch.full((source.shape[0], 1), decoder_start_id(model), dtype=source.dtype, device=source.device)
+    return model(input_ids=source, attention_mask=torch.ones_like(source),
+                 decoder_input_ids=torch.cat([start, decoder_tokens.to(source.device)], dim=1), use_cache=False).logits
+
+
 @torch.inference_mode()
 def encode(model: nn.Module, prompt: torch.Tensor):
     """The encoder's outputs for `prompt` `[1, P]` (a `BaseModelOutput`, `last_hidden_state` `[1, P, H]`)."""
     return model.get_encoder()(input_ids=prompt, attention_mask=torch.ones_like(prompt))
 
-
-def same_encoder(a: nn.Module, b: nn.Module) -> bool:
-    """True when two models (a target and a view routed out of it) run the very same encoder module."""
-    return a.get_encoder() is b.get_encoder()

@@ -20,14 +20,12 @@ def _next_token_logits(target, prompt_ids: list[int], tokens: list[int]) -> torc
     """The target's logits `[n, V]` predicting each of `tokens` (n of them) after the prompt, in one pass:
     a causal LM over `prompt + tokens[:-1]`; an encoder-decoder model encoding the prompt and decoding
     `decoder_start + tokens[:-1]`."""
-    device = next(target.parameters()).device
-    if getattr(target.config, "is_encoder_decoder", False):
-        from ..decoding.seq2seq import decoder_start_id
+    from ..decoding.seq2seq import is_encoder_decoder, teacher_forced_logits
 
-        decoder = torch.tensor([[decoder_start_id(target), *tokens[:-1]]], device=device)
-        prompt = torch.tensor([list(prompt_ids)], device=device)
-        return target(input_ids=prompt, attention_mask=torch.ones_like(prompt), decoder_input_ids=decoder,
-                      use_cache=False).logits[0]
+    device = next(target.parameters()).device
+    if is_encoder_decoder(target):
+        return teacher_forced_logits(target, torch.tensor([list(prompt_ids)], device=device),
+                                     torch.tensor([list(tokens[:-1])], dtype=torch.long, device=device))[0]
     ids = torch.tensor([list(prompt_ids) + list(tokens)], device=device)
     return target(input_ids=ids[:, :-1], use_cache=False, logits_to_keep=len(tokens)).logits[0]
 

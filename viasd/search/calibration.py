@@ -39,20 +39,22 @@ def window_logits(model, batch: torch.Tensor) -> torch.Tensor:
     model (T5, BART) reads the window's first half `h = T // 2` tokens as its source and predicts the
     rest as its target, decoding from its start token: `[B, T-h, V]`, tokens `h..T-1`. Every model of a
     pair (and every slim view) splits a window alike, so their distributions are position for position."""
-    if not getattr(model.config, "is_encoder_decoder", False):
-        return model(input_ids=batch, use_cache=False).logits
-    from ..decoding.seq2seq import decoder_start_id
+    from ..decoding.seq2seq import is_encoder_decoder, teacher_forced_logits
 
-    h = (batch.shape[1] + 1) // 2
-    source = batch[:, :h]
-    start = torch.full((batch.shape[0], 1), decoder_start_id(model), dtype=batch.dtype, device=batch.device)
-    return model(input_ids=source, attention_mask=torch.ones_like(source),
-                 decoder_input_ids=torch.cat([start, batch[:, h:]], dim=1), use_cache=False).logits
+    if not is_encoder_decoder(model):
+        return model(input_ids=batch, use_cache=False).logits
+    h = source_length(batch.shape[1] + 1)
+    return teacher_forced_logits(model, batch[:, :h], batch[:, h:])
+
+
+def source_length(window: int) -> int:
+    """Tokens of a calibration window of `window` tokens that an encoder-decoder model reads as its source."""
+    return window // 2
 
 
 def window_targets(tokens: torch.Tensor, encoder_decoder: bool) -> torch.Tensor:
     """The tokens `window_logits` predicts: `tokens[:, 1:]` (causal) or the second half (encoder-decoder)."""
-    return tokens[:, tokens.shape[1] // 2 :] if encoder_decoder else tokens[:, 1:]
+    return tokens[:, source_length(tokens.shape[1]) :] if encoder_decoder else tokens[:, 1:]
 
 
 def log_probs(forward, tokens: torch.Tensor, vocab_size: int, batch_size: int = 8) -> torch.Tensor:

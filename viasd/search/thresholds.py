@@ -69,13 +69,12 @@ class ThresholdConfig:
 class SharedDev:
     """What every slim's search of one pair, task and engine has in common, computed by the first and
     reused by the others: the target's greedy dev outputs with their task score and time, and the
-    tiers-off (SD) points, which never run a slim (kept with the per-pass costs they were costed at)."""
+    tiers-off (SD) points, which never run a slim (each search costs their pass counts with its own per-pass costs)."""
 
     reference: list[list[int]]
     ar_task: float | None
     ar_seconds_per_token: float
     tiers_off: list[dict] | None = None
-    pass_cost: dict | None = None
 
 
 class DevSet:
@@ -228,7 +227,7 @@ def tiers_off_points(dev: DevSet, cfg: ThresholdConfig, study) -> list[dict]:
         measured["seconds"] = time.perf_counter() - start
         points.append(_point(policy, measured, cfg, number=None, tiers_off=True))
     study.set_user_attr("tiers_off_points", [{**p, "tau_accept": "inf", "tau_slim": "inf"} for p in points])
-    shared.tiers_off, shared.pass_cost = points, dict(dev.pass_cost)
+    shared.tiers_off = points
     return points
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..config import Pair, Params
 from ..decoding.routing import num_decoder_layers
+from ..decoding.seq2seq import is_encoder_decoder
 from ..io import write_json, write_jsonl
 from ..search.calibration import load_calibration
 from ..search.dimr import DimrConfig, MaskCost, baseline_mask, dimr_search, result_json
@@ -148,7 +149,7 @@ def family_agreement(params: Params, pair: Pair, models, masks: dict) -> dict:
     if pair.independent:
         forwards["independent"] = load_model(pair.independent, device=str(device), dtype=pair.dtype,
                                              trust_remote_code=pair.trust_remote_code)
-    seq2seq = bool(getattr(target.config, "is_encoder_decoder", False))
+    seq2seq = is_encoder_decoder(target)
     out = {"split": split, "tokens": int(window_targets(tokens, seq2seq).numel())}
     reference = None  # the target's choices: the first model measured
     for name, model in forwards.items():
