@@ -128,6 +128,23 @@ def test_decode_and_evaluate_commands_on_the_trained_family(study, capsys):
     capsys.readouterr()
     quality = json.loads(eval_path(params, "smoke", "stdlib_continuation", "sd-gamma_3").read_text())["quality"]
     assert quality["agreement"] == 1.0 and {"nll", "chrf", "bleu", "exact_prefix"} <= set(quality)
+    # several runs in one command: one load, each prompt decoded once with ar, every run beside it
+    assert main(["decode", *base, "--run", "ar", "--run", "sd", "--run", "sd-gamma_2", "--limit", "3"]) == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [p["run"] for p in printed] == ["ar", "sd", "sd-gamma_2"]
+    summaries = {r: json.loads(decode_paths(params, "smoke", "stdlib_continuation", r)["summary"].read_text())
+                 for r in ("ar", "sd", "sd-gamma_2")}
+    ar_rows = [json.loads(line) for line in decode_paths(params, "smoke", "stdlib_continuation", "ar")["rows"]
+               .read_text().splitlines()]
+    for run in ("sd", "sd-gamma_2"):
+        rows = [json.loads(line) for line in decode_paths(params, "smoke", "stdlib_continuation", run)["rows"]
+                .read_text().splitlines()]
+        assert [r["ar_token_ids"] for r in rows] == [r["token_ids"] for r in ar_rows] == [r["token_ids"] for r in rows]
+        assert summaries[run]["ar_wall_time_s"] == pytest.approx(summaries["ar"]["wall_time_s"])
+    assert summaries["ar"]["speedup_vs_ar"] == 1.0 and summaries["ar"]["passes"].get("draft", 0) == 0
+    assert main(["evaluate", *base, "--run", "ar", "--run", "sd"]) == 0
+    evaluated = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [e["run"] for e in evaluated] == ["ar", "sd"] and all(e["quality"]["agreement"] == 1.0 for e in evaluated)
     assert main(["decode", *base, "--run", "sd-no_tier2"]) == 2
     assert "no_tier2 is a VIA-SD ablation" in capsys.readouterr().err
     # a VIA-SD run whose thresholds were never tuned (the session's study folder may hold tuned ones: hidden here)

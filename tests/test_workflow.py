@@ -280,7 +280,7 @@ def test_dvc_repro_reruns_only_what_a_parameter_change_touches(repo):
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     exp = client.get_experiment_by_name("viasd-smoke")
     tags = client.search_runs([exp.experiment_id], "tags.mlflow.runName = 'decode/smoke/stdlib_continuation/viasd'")[0].data.tags
-    deps = {d["path"]: d["md5"] for d in lock["decode@smoke-stdlib_continuation-viasd"]["deps"]}
+    deps = {d["path"]: d["md5"] for d in lock["decode@smoke-stdlib_continuation"]["deps"]}
     assert tags["dvc_md5.model.target"] == deps["models-smoke/smoke/target"]
     assert tags["dvc_md5.thresholds"] == deps["models-smoke/thresholds/smoke-stdlib_continuation"]
     # one parent run for the invocation: every stage's run nested under it, FINISHED with the last stage

@@ -13,57 +13,53 @@ from .models import ModelSet
 from .tasks.base import Example, TaskSpec
 
 
-def decode_examples(models: ModelSet, examples: list[Example], policy: DecodePolicy, task: TaskSpec | None = None,
-                    progress: bool = True) -> tuple[list[dict], DecodeStats]:
-    """Decode every example; returns rows `{id, token_ids, text, stats}` and the merged statistics.
+def decode_side_by_side(models: ModelSet, reference: DecodePolicy, cells: dict[str, tuple[ModelSet, DecodePolicy]],
+                        examples: list[Example], task: TaskSpec | None = None, progress: bool = True,
+                        warmup_tokens: int = 8) -> tuple[dict[str, list[dict]], dict[str, DecodeStats], list[dict], DecodeStats]:
+    """Decode every example once with the `reference` policy (greedy `ar`) on `models` and with each
+    cell's `(models, policy)`, side by side: for each example the reference and every cell run one after
+    another, in an order that rotates from one example to the next, so that all see the same machine
+    state (after a short warm-up of each). The task's stop strings are added to every policy's.
 
-    The task's stop strings are added to the policy's; prompts cut from a token stream are decoded
-    from their exact ids.
+    Returns (rows per cell, merged statistics per cell, the reference's rows, its merged statistics).
+    Rows are `{id, token_ids, text, stats}`; a cell's rows also carry the reference's tokens
+    (`ar_token_ids`: the target's own greedy output, the reference for agreement) and its wall time on
+    the same example (`ar_wall_time_s`).
     """
     from tqdm.auto import tqdm
 
-    if task is not None and task.stop_strings:
-        policy = replace(policy, stop_strings=tuple(dict.fromkeys(policy.stop_strings + task.stop_strings)))
-    rows, parts = [], []
-    for example in tqdm(examples, desc=f"decode {policy.method}", disable=not progress, leave=False):
-        prompt = example.prompt_ids if example.prompt_ids is not None else models.encode(example.prompt)
-        result = models.generate(prompt, policy)
-        rows.append({"id": example.id, "token_ids": result.token_ids, "text": result.text,
-                     "stats": result.stats.as_dict()})
-        parts.append(result.stats)
-    return rows, DecodeStats.merge(parts)
+    if not examples:
+        raise ValueError("no examples to decode")
+    stops = tuple(task.stop_strings) if task is not None else ()
 
+    def with_stops(policy: DecodePolicy) -> DecodePolicy:
+        return replace(policy, stop_strings=tuple(dict.fromkeys(policy.stop_strings + stops)))
 
-def decode_against_ar(models: ModelSet, examples: list[Example], policy: DecodePolicy, task: TaskSpec | None = None,
-                      progress: bool = True, warmup_tokens: int = 8) -> tuple[list[dict], DecodeStats, DecodeStats]:
-    """Decode every example with `policy` and with greedy `ar` on the same target, side by side.
-
-    The two alternate which goes first from one example to the next so that both see the same machine
-    state, after a short warm-up of each. Rows carry the method's output plus the `ar` tokens (the
-    target's own greedy output, the reference for agreement) and both wall times. Returns
-    (rows, merged method statistics, merged `ar` statistics).
-    """
-    from tqdm.auto import tqdm
-
-    stops = tuple(dict.fromkeys(policy.stop_strings + (task.stop_strings if task else ())))
-    policy = replace(policy, stop_strings=stops)
-    reference = DecodePolicy(method="ar", max_new_tokens=policy.max_new_tokens, stop_strings=stops,
-                             eos_token_ids=policy.eos_token_ids)
+    entries = [(None, models, with_stops(reference))] + [(name, m, with_stops(p)) for name, (m, p) in cells.items()]
     prompts = [e.prompt_ids if e.prompt_ids is not None else models.encode(e.prompt) for e in examples]
     if prompts and warmup_tokens:
-        for warm in (reference, policy):
-            models.generate(prompts[0], replace(warm, max_new_tokens=min(warmup_tokens, warm.max_new_tokens)))
-    rows, parts, ar_parts = [], [], []
-    for i, (example, prompt) in enumerate(tqdm(list(zip(examples, prompts)), desc=f"decode {policy.method} vs ar",
-                                               disable=not progress, leave=False)):
-        order = (reference, policy) if i % 2 == 0 else (policy, reference)
-        results = {id(p): models.generate(prompt, p) for p in order}
-        ours, ar = results[id(policy)], results[id(reference)]
-        rows.append({"id": example.id, "token_ids": ours.token_ids, "text": ours.text, "stats": ours.stats.as_dict(),
-                     "ar_token_ids": ar.token_ids, "ar_wall_time_s": ar.stats.wall_time_s})
-        parts.append(ours.stats)
-        ar_parts.append(ar.stats)
-    return rows, DecodeStats.merge(parts), DecodeStats.merge(ar_parts)
+        for _, m, policy in entries:
+            m.generate(prompts[0], replace(policy, max_new_tokens=min(warmup_tokens, policy.max_new_tokens)))
+    rows: dict[str, list[dict]] = {name: [] for name in cells}
+    parts: dict[str, list[DecodeStats]] = {name: [] for name in cells}
+    ref_rows, ref_parts = [], []
+    with tqdm(total=len(examples) * len(entries), desc=f"decode ar + {len(cells)} runs", disable=not progress,
+              leave=False) as bar:
+        for i, (example, prompt) in enumerate(zip(examples, prompts)):
+            shift = i % len(entries)
+            results = {}
+            for name, m, policy in entries[shift:] + entries[:shift]:
+                results[name] = m.generate(prompt, policy)
+                bar.update()
+            ref = results.pop(None)
+            ref_rows.append({"id": example.id, "token_ids": ref.token_ids, "text": ref.text, "stats": ref.stats.as_dict()})
+            ref_parts.append(ref.stats)
+            for name, ours in results.items():
+                rows[name].append({"id": example.id, "token_ids": ours.token_ids, "text": ours.text,
+                                   "stats": ours.stats.as_dict(), "ar_token_ids": ref.token_ids,
+                                   "ar_wall_time_s": ref.stats.wall_time_s})
+                parts[name].append(ours.stats)
+    return rows, {name: DecodeStats.merge(p) for name, p in parts.items()}, ref_rows, DecodeStats.merge(ref_parts)
 
 
 def metric_score(task: TaskSpec, metric: str, examples: list[Example], texts: list[str | None]) -> float | None:

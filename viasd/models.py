@@ -186,6 +186,15 @@ class ModelSet:
             _same_kind(self.target, self.draft, "draft")
         self.vocab_size = shared_vocab_size(self.target, self.draft, self.tokenizer, self.draft_tokenizer)
 
+    def with_slims(self, slims: Sequence[SlimVerifier | IndependentVerifier]) -> ModelSet:
+        """The same target, draft and tokenizers (shared, not copied) with `slims` as the verifiers: one
+        load of the pair serves runs that differ only in their slim."""
+        import copy
+
+        view = copy.copy(self)
+        view.slims = list(slims)
+        return view
+
     def add_mask(self, mask: RoutingMask | Sequence[int]) -> SlimVerifier:
         if not isinstance(mask, RoutingMask):
             mask = RoutingMask.from_layers(list(mask), num_decoder_layers(self.target), source="keep_layers")

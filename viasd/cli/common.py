@@ -56,7 +56,8 @@ def open_stage_run(args) -> None:
         params = load_params(args)
     except ViasdError:
         return  # the stage itself reports the bad parameters
-    cell = [str(getattr(args, k)) for k in ("role", "pair", "task", "run") if getattr(args, k, None)]
+    cell = [v if isinstance(v, str) else "+".join(map(str, v)) if isinstance(v, list) else str(v)
+            for v in (getattr(args, k, None) for k in ("role", "pair", "task", "run")) if v]
     name = "/".join([args.command.replace("-", "_"), *cell])
     root = args.params.resolve().parent
     invocation = None if os.environ.get(PARENT_ENV) else dvc_invocation()
@@ -124,11 +125,13 @@ def add_pair(p) -> None:
     p.add_argument("--pair", help="a pair of study.pairs (default: the first)")
 
 
-def add_grid_cell(p) -> None:
-    """--pair, --task, --run: one cell of the study grid (see `grid_cell`)."""
+def add_grid_cells(p) -> None:
+    """--pair, --task, --run ...: runs of the study grid for one pair and task (see `grid_cells`)."""
     add_pair(p)
     p.add_argument("--task", required=True)
-    p.add_argument("--run", required=True, help="a method, or method-ablation, e.g. viasd-mask_random")
+    p.add_argument("--run", action="append", metavar="RUN",
+                   help="a method, or method-ablation, e.g. viasd-mask_random (repeatable; default: every run of "
+                        "study.runs)")
 
 
 
@@ -137,16 +140,20 @@ def scalars(data: dict) -> dict:
 
 
 
-def grid_cell(args):
-    """Parameters, pair and run of a `--pair/--task/--run` command."""
+def grid_cells(args):
+    """Parameters, pair and run specs of a `--pair/--task/--run ...` command (no --run: `study.runs`)."""
     from ..runs import parse_run
 
     params = load_params(args)
-    try:
-        spec = parse_run(args.run)
-    except ValueError as err:
-        raise ViasdError(f"--run {err}") from None
-    return params, params.pair(args.pair), spec
+    specs = []
+    for text in args.run or params.raw["study"]["runs"]:
+        try:
+            specs.append(parse_run(text))
+        except ValueError as err:
+            raise ViasdError(f"--run {err}") from None
+    if args.task not in params.tasks:
+        raise ViasdError(f"--task {args.task!r} is not a task of params.yaml (tasks: {', '.join(params.tasks)})")
+    return params, params.pair(args.pair), list(dict.fromkeys(specs))
 
 
 

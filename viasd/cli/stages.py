@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 from .common import (
-    add_grid_cell,
+    add_grid_cells,
     add_pair,
     cell_tags,
     experiment,
-    grid_cell,
+    grid_cells,
     input_files,
     live_metric,
     load_params,
@@ -196,8 +196,9 @@ def _tune_thresholds(args) -> int:
 
 
 def _add_decode(sub) -> None:
-    p = stage_parser(sub, "decode", "decode a task's test prompts with one run of the study grid (vs ar)", _decode)
-    add_grid_cell(p)
+    p = stage_parser(sub, "decode", "decode a task's test prompts with runs of the study grid, side by side with ar",
+                     _decode)
+    add_grid_cells(p)
     p.add_argument("--limit", type=int, help="decode only the first N examples")
 
 
@@ -206,39 +207,42 @@ def _decode(args) -> int:
     from ..stages.decode_stage import run_decode_stage
     from ..stages.paths import decode_paths
 
-    params, pair, spec = grid_cell(args)
-    summary = run_decode_stage(params, pair.name, args.task, spec.name, args.limit)
-    paths = decode_paths(params, pair.name, args.task, spec.name)
-    track(args, params, "decode", f"decode/{pair.name}/{args.task}/{spec.name}",
-           {"policy": summary["policy"], "split": summary["split"], "examples": summary["examples"],
-            "slim": summary["slim"]},
-           scalars(summary) | {f"passes.{k}": v for k, v in summary["passes"].items()},
-           cell_tags(pair, args.task, spec), [paths["summary"]], inputs=input_files(params, pair, args.task, spec.name))
-    print(json.dumps({k: summary[k] for k in ("pair", "task", "run", "examples", "new_tokens", "rejection_rate",
-                                              "acceptance_rate", "mean_accepted_length", "speedup_vs_ar")}))
+    params, pair, specs = grid_cells(args)
+    summaries = run_decode_stage(params, pair.name, args.task, [s.name for s in specs], args.limit)
+    for spec, summary in zip(specs, summaries):  # one MLflow run per grid cell
+        paths = decode_paths(params, pair.name, args.task, spec.name)
+        track(args, params, "decode", f"decode/{pair.name}/{args.task}/{spec.name}",
+              {"policy": summary["policy"], "split": summary["split"], "examples": summary["examples"],
+               "slim": summary["slim"]},
+              scalars(summary) | {f"passes.{k}": v for k, v in summary["passes"].items()},
+              cell_tags(pair, args.task, spec), [paths["summary"]], inputs=input_files(params, pair, args.task, spec.name))
+        print(json.dumps({k: summary[k] for k in ("pair", "task", "run", "examples", "new_tokens", "rejection_rate",
+                                                  "acceptance_rate", "mean_accepted_length", "speedup_vs_ar")}))
     return 0
 
 
 
 def _add_evaluate(sub) -> None:
-    p = stage_parser(sub, "evaluate", "the task's quality metrics for one decode output", _evaluate)
-    add_grid_cell(p)
+    p = stage_parser(sub, "evaluate", "the task's quality metrics for the decode outputs of runs of the study grid",
+                     _evaluate)
+    add_grid_cells(p)
 
 
 
 def _evaluate(args) -> int:
     from ..stages.evaluate_stage import eval_path, run_evaluate_stage
 
-    params, pair, spec = grid_cell(args)
-    out = run_evaluate_stage(params, pair.name, args.task, spec.name)
-    track(args, params, "evaluate", f"evaluate/{pair.name}/{args.task}/{spec.name}",
-           {"policy": out["policy"], "split": out["split"], "examples": out["examples"]},
-           scalars(out) | {f"quality.{k}": v for k, v in out["quality"].items()}
-           | {f"passes.{k}": v for k, v in out["passes"].items()}
-           | {f"accepted_by_tier.{k}": out[k] for k in ("accepted_direct", "accepted_slim", "accepted_full",
-                                                        "regenerated_slim", "rejected_full")},
-           cell_tags(pair, args.task, spec), [eval_path(params, pair.name, args.task, spec.name)])
-    print(json.dumps({"run": spec.name, "quality": out["quality"], "speedup_vs_ar": out["speedup_vs_ar"]}))
+    params, pair, specs = grid_cells(args)
+    outs = run_evaluate_stage(params, pair.name, args.task, [s.name for s in specs])
+    for spec, out in zip(specs, outs):  # one MLflow run per grid cell
+        track(args, params, "evaluate", f"evaluate/{pair.name}/{args.task}/{spec.name}",
+              {"policy": out["policy"], "split": out["split"], "examples": out["examples"]},
+              scalars(out) | {f"quality.{k}": v for k, v in out["quality"].items()}
+              | {f"passes.{k}": v for k, v in out["passes"].items()}
+              | {f"accepted_by_tier.{k}": out[k] for k in ("accepted_direct", "accepted_slim", "accepted_full",
+                                                           "regenerated_slim", "rejected_full")},
+              cell_tags(pair, args.task, spec), [eval_path(params, pair.name, args.task, spec.name)])
+        print(json.dumps({"run": spec.name, "quality": out["quality"], "speedup_vs_ar": out["speedup_vs_ar"]}))
     return 0
 
 

@@ -1,8 +1,10 @@
-"""`viasd decode --pair P --task T --run R`: one cell of the study grid on the task's test split.
+"""`viasd decode --pair P --task T [--run R ...]`: the study grid's runs for one pair and task (default:
+every run of `study.runs`) on the task's test split, with one load of the pair.
 
-Every run but `ar` decodes each prompt twice, with its method and with greedy `ar`, alternating,
-so `speedup_vs_ar` is a ratio measured side by side in the same process, and agreement with the
-target's greedy output is exact. Outputs (named by pair, task and run):
+Each prompt is decoded once with greedy `ar` and once with every run, one after another in an order
+that rotates from prompt to prompt, so each run's `speedup_vs_ar` is a ratio measured side by side in
+the same process and machine state, and agreement with the target's greedy output is exact.
+Outputs (named by pair, task and run):
   reports/decode/<pair>/<task>/<run>.jsonl   one row per example: tokens, text, statistics, ar tokens
   reports/decode/<pair>/<task>/<run>.json    summed statistics, speedup vs ar, the policy used
 """
@@ -10,6 +12,7 @@ target's greedy output is exact. Outputs (named by pair, task and run):
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -19,7 +22,6 @@ from ..runs import RunSpec, parse_run
 from .paths import decode_paths, threshold_paths
 from .slims import (
     StudyInputError,
-    load_run_models,
     mask_file,
     read_json,
     slim_description,
@@ -87,30 +89,45 @@ def score_rows(models, examples, rows: list[dict]) -> dict:
     return total
 
 
-def run_decode_stage(params: Params, pair_name: str, task: str, run: str, limit: int | None = None,
-                     progress: bool = True) -> dict:
-    """Decode the task split with one run of the grid; writes the rows and the summary, returns the summary."""
-    from ..evaluation import decode_against_ar, decode_examples
-    from ..io import write_json, write_jsonl
+def run_decode_stage(params: Params, pair_name: str, task: str, runs: Sequence[str] | None = None,
+                     limit: int | None = None, progress: bool = True) -> list[dict]:
+    """Decode the task split with `runs` (default: `study.runs`) side by side with `ar`, one load of the
+    pair for all; writes each run's rows and summary, returns the summaries in the order of `runs`."""
+    from ..evaluation import decode_side_by_side
     from ..tasks import get_task, load_examples
+    from .slims import load_runs_models
 
-    spec = parse_run(run)
+    specs = list(dict.fromkeys(parse_run(r) for r in (runs or params.raw["study"]["runs"])))
     pair = params.pair(pair_name)
     split = params.raw["decode"]["split"]
     task_spec = get_task(task)
     examples = load_examples(params.data.dir, task, split)[:limit]
-    inputs = run_inputs(params, pair.name, task, spec)
-    policy = run_policy(params, pair.name, task, spec)
-    models = load_run_models(params, pair, spec, inputs.get("mask"))
-    if spec.method == "ar":
-        rows, stats = decode_examples(models, examples, policy, task_spec, progress)
-        ar_stats = stats
-    else:
-        rows, stats, ar_stats = decode_against_ar(models, examples, policy, task_spec, progress)
+    if not examples:
+        raise StudyInputError(f"the {split} split of {task} has no examples")
+    inputs = {spec.name: run_inputs(params, pair.name, task, spec) for spec in specs}
+    policies = {spec.name: run_policy(params, pair.name, task, spec) for spec in specs}
+    reference = run_policy(params, pair.name, task, "ar")
+    models = load_runs_models(params, pair, {spec.name: (spec, inputs[spec.name].get("mask")) for spec in specs})
+    ar_models = next(iter(models.values()))
+    cells = {spec.name: (models[spec.name], policies[spec.name]) for spec in specs if spec.method != "ar"}
+    rows, stats, ar_rows, ar_stats = decode_side_by_side(ar_models, reference, cells, examples, task_spec, progress)
+    summaries = []
+    for spec in specs:
+        run_rows, run_stats = (rows[spec.name], stats[spec.name]) if spec.name in cells else (ar_rows, ar_stats)
+        summaries.append(_write_run(params, pair.name, task, spec, split, examples, ar_models, run_rows, run_stats,
+                                    ar_stats, policies[spec.name], inputs[spec.name]))
+    return summaries
+
+
+def _write_run(params: Params, pair: str, task: str, spec: RunSpec, split: str, examples, models, rows: list[dict],
+               stats, ar_stats, policy: DecodePolicy, inputs: dict) -> dict:
+    """Score one run's rows against the target, write its rows and summary; returns the summary."""
+    from ..io import write_json, write_jsonl
+
     target_scores = score_rows(models, examples, rows)
     summary = stats.as_dict()
     summary.update({
-        "pair": pair.name, "task": task, "run": spec.name, "method": spec.method, "ablation": spec.ablation or "none",
+        "pair": pair, "task": task, "run": spec.name, "method": spec.method, "ablation": spec.ablation or "none",
         "split": split, "examples": len(rows), "ar_wall_time_s": ar_stats.wall_time_s,
         "ar_tokens_per_second": ar_stats.tokens_per_second,
         "speedup_vs_ar": (ar_stats.wall_time_s / stats.wall_time_s) if stats.wall_time_s else None,
@@ -118,9 +135,9 @@ def run_decode_stage(params: Params, pair_name: str, task: str, run: str, limit:
         "policy": {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
                    for k, v in asdict(policy).items() if k not in ("sampling", "eos_token_ids", "stop_strings")},
         "inputs": {k: str(v) for k, v in inputs.items()},
-        "slim": slim_description(params, pair.name, spec),
+        "slim": slim_description(params, pair, spec),
     })
-    paths = decode_paths(params, pair.name, task, spec.name)
+    paths = decode_paths(params, pair, task, spec.name)
     write_jsonl(paths["rows"], rows)
     write_json(paths["summary"], summary)  # last: the summary marks a finished decode
     return summary

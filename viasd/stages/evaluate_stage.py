@@ -1,6 +1,8 @@
-"""`viasd evaluate --pair P --task T --run R`: the task's quality metrics for one decode output.
+"""`viasd evaluate --pair P --task T [--run R ...]`: the task's quality metrics for the decode outputs of
+the study grid's runs for one pair and task (default: every run of `study.runs`; the target loaded
+once, for tasks that score the target's NLL).
 
-Output: reports/eval/<pair>/<task>/<run>.json — the decode summary (statistics, speedup vs ar)
+Output per run: reports/eval/<pair>/<task>/<run>.json — the decode summary (statistics, speedup vs ar)
 plus `quality`, the three measures of docs/quality.md: `fidelity` (and the target's `nll`), the
 task's metrics with the main one also scored on the `ar` output of the same prompts (`<metric>_ar`)
 and its drop in points (`task_drop`), and `agreement`.
@@ -9,6 +11,7 @@ and its drop in points (`task_drop`), and `agreement`.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from ..config import Params
 from .decode_stage import StudyInputError
@@ -19,12 +22,30 @@ def eval_path(params: Params, pair: str, task: str, run: str):
     return params.reports_dir / "eval" / pair / task / f"{run}.json"
 
 
-def run_evaluate_stage(params: Params, pair_name: str, task: str, run: str) -> dict:
-    from ..evaluation import metric_score, task_quality
-    from ..io import write_json
-    from ..metrics.quality import main_metric, task_drop
+def run_evaluate_stage(params: Params, pair_name: str, task: str, runs: Sequence[str] | None = None) -> list[dict]:
+    """Evaluate the decode outputs of `runs` (default: `study.runs`); writes and returns one result each.
+    Every run's decode output is checked before any is evaluated."""
     from ..models import load_models, load_tokenizer
-    from ..tasks import get_task, load_examples
+    from ..runs import parse_run
+    from ..tasks import get_task
+
+    names = list(dict.fromkeys(parse_run(r).name for r in (runs or params.raw["study"]["runs"])))
+    decoded = {name: _decoded(params, pair_name, task, name) for name in names}
+    spec = get_task(task)
+    pair = params.pair(pair_name)
+    models = None
+    if "nll" in spec.metrics:
+        models = load_models(pair.target, device=params.device, dtype=pair.dtype,
+                             trust_remote_code=pair.trust_remote_code)
+    tokenizer = load_tokenizer(pair.target, pair.trust_remote_code)
+    ar_scores: dict = {}  # the runs share one ar reference: its main metric is scored once
+    return [_evaluate_run(params, pair_name, task, name, *decoded[name], spec, models, tokenizer, ar_scores)
+            for name in names]
+
+
+def _decoded(params: Params, pair_name: str, task: str, run: str) -> tuple[dict, list[dict], list]:
+    """A run's decode summary, rows and the examples they answer; a clear error if it is missing or stale."""
+    from ..tasks import load_examples
 
     paths = decode_paths(params, pair_name, task, run)
     if not paths["summary"].exists():
@@ -37,22 +58,25 @@ def run_evaluate_stage(params: Params, pair_name: str, task: str, run: str) -> d
     if missing:
         raise StudyInputError(f"{paths['rows']}: example {missing[0]!r} is not in the {summary['split']} split of "
                               f"{task}; the data changed since the decode ran")
-    spec = get_task(task)
-    models = None
-    if "nll" in spec.metrics:
-        pair = params.pair(pair_name)
-        models = load_models(pair.target, device=params.device, dtype=pair.dtype,
-                             trust_remote_code=pair.trust_remote_code)
-    chosen = [examples[r["id"]] for r in rows]
+    return summary, rows, [examples[r["id"]] for r in rows]
+
+
+def _evaluate_run(params: Params, pair_name: str, task: str, run: str, summary: dict, rows: list[dict], chosen: list,
+                  spec, models, tokenizer, ar_scores: dict) -> dict:
+    from ..evaluation import metric_score, task_quality
+    from ..io import write_json
+    from ..metrics.quality import main_metric, task_drop
+
     quality = task_quality(spec, chosen, rows, models)
     scored = [(r["fidelity"], len(r["token_ids"])) for r in rows if r.get("fidelity") is not None]
     quality["fidelity"] = sum(f * n for f, n in scored) / sum(n for _, n in scored) if scored else None
     metric = main_metric(spec.metrics)
     if metric is not None:
-        pair = params.pair(pair_name)
-        tokenizer = load_tokenizer(pair.target, pair.trust_remote_code)
         ar_texts = [tokenizer.decode(r.get("ar_token_ids", r["token_ids"]), skip_special_tokens=True) for r in rows]
-        ar_value = metric_score(spec, metric, chosen, ar_texts)
+        key = tuple((e.id, t) for e, t in zip(chosen, ar_texts))
+        if key not in ar_scores:
+            ar_scores[key] = metric_score(spec, metric, chosen, ar_texts)
+        ar_value = ar_scores[key]
         quality[f"{metric}_ar"] = ar_value
         quality["task_drop"] = task_drop(metric, ar_value, quality.get(metric))
     out = {**summary, "quality": quality, "task_metric": metric}

@@ -85,18 +85,38 @@ def mask_file(params: Params, pair: str, spec: RunSpec) -> Path | None:
 
 def load_run_models(params: Params, pair: Pair, spec: RunSpec, mask: Path | None):
     """Target + draft of the pair, and the run's slim verifier (a routed mask or the independent model)."""
+    return load_runs_models(params, pair, {spec.name: (spec, mask)})[spec.name]
+
+
+def load_runs_models(params: Params, pair: Pair, runs: dict[str, tuple[RunSpec, Path | None]]) -> dict:
+    """One load of the pair for several runs: `{name: (spec, mask file or None)}` -> `{name: ModelSet}`,
+    each with the run's slim verifier (a routed mask, or the independent model, loaded once), all
+    sharing the target and the draft (loaded only if a run needs one)."""
+    from ..decoding.routing import RoutingMask, SlimVerifier, num_decoder_layers
     from ..models import load_models
 
-    if mask is not None:
-        read_json(mask, "the routing mask")  # a missing mask names the stage that writes it
-    independent = None
-    if spec.routed and spec.ablation == "independent":
-        if not pair.independent:
+    for spec, mask in runs.values():
+        if mask is not None:
+            read_json(mask, "the routing mask")  # a missing mask names the stage that writes it
+        if spec.routed and spec.ablation == "independent" and not pair.independent:
             raise StudyInputError(f"pair {pair.name} has no independent model (models.hub_pairs.{pair.name}.independent)")
-        independent = pair.independent
-    return load_models(pair.target, draft=pair.draft if spec.method != "ar" else None,
-                       masks=[mask] if mask is not None else [], device=params.device, dtype=pair.dtype,
-                       trust_remote_code=pair.trust_remote_code, independent=independent)
+    needs_draft = any(spec.method != "ar" for spec, _ in runs.values())
+    base = load_models(pair.target, draft=pair.draft if needs_draft else None, device=params.device, dtype=pair.dtype,
+                       trust_remote_code=pair.trust_remote_code)
+    n_layers = num_decoder_layers(base.target)
+    independent = None
+    out = {}
+    for name, (spec, mask) in runs.items():
+        slims = []
+        if mask is not None:
+            slims.append(SlimVerifier(base.target, RoutingMask.from_json(mask, n_layers)))
+        if spec.routed and spec.ablation == "independent":
+            if independent is None:
+                independent = base.with_slims([]).add_independent_from(pair.independent, params.device, pair.dtype,
+                                                                        pair.trust_remote_code)
+            slims.append(independent)
+        out[name] = base.with_slims(slims)
+    return out
 
 
 def slim_description(params: Params, pair: str, spec: RunSpec):

@@ -1,24 +1,25 @@
 rule evaluate:
-    """The task's quality metrics for one decode output (pass@1 in a sandboxed process)."""
+    """The task's quality metrics for the decode outputs of one pair x task (pass@1 in a sandboxed process)."""
     input:
         f"{DATA}/tasks/{{task}}/{DECODE_SPLIT}.jsonl",
-        rows=f"{REPORTS}/decode/{{pair}}/{{task}}/{{run}}.jsonl",
-        summary=f"{REPORTS}/decode/{{pair}}/{{task}}/{{run}}.json",
+        rows=expand(f"{REPORTS}/decode/{{{{pair}}}}/{{{{task}}}}/{{run}}.jsonl", run=RUNS),
+        summaries=expand(f"{REPORTS}/decode/{{{{pair}}}}/{{{{task}}}}/{{run}}.json", run=RUNS),
         models=lambda w: pair_models(w.pair, ["target"]),
     output:
-        f"{REPORTS}/eval/{{pair}}/{{task}}/{{run}}.json",
+        expand(f"{REPORTS}/eval/{{{{pair}}}}/{{{{task}}}}/{{run}}.json", run=RUNS),
     params:
         viasd=VIASD_ARGS,
         task=task_params,
+        runs=STUDY["runs"],
     threads: 1
     resources:
         mem_mb=4000,
         runtime=30,
     log:
-        "logs/evaluate/{pair}/{task}/{run}.log",
+        "logs/evaluate/{pair}/{task}.log",
     benchmark:
-        "benchmarks/evaluate/{pair}/{task}/{run}.tsv"
+        "benchmarks/evaluate/{pair}/{task}.tsv"
     conda:
         "../envs/viasd.yaml"
     shell:
-        "OMP_NUM_THREADS={threads} viasd evaluate {params.viasd} --pair {wildcards.pair} --task {wildcards.task} --run {wildcards.run} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} viasd evaluate {params.viasd} --pair {wildcards.pair} --task {wildcards.task} > {log} 2>&1"

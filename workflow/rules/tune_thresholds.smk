@@ -20,7 +20,8 @@ rule tune_thresholds:
         # the dev prompts come from dev.jsonl: the task's prompt counts are not parameters of the search
         max_new_tokens=lambda w: config["tasks"][w.task].get("max_new_tokens"),
         runs=STUDY["runs"],
-    threads: 2
+    # one thread (see decode.smk): the two tasks' searches run side by side on two cores
+    threads: 1
     resources:
         mem_mb=8000,
         runtime=120,
