@@ -306,3 +306,44 @@ def test_killed_threshold_search_resumes(study, tmp_path):
         assert t.value == pytest.approx(sum(per[k] * killed_costs[k] for k in per))  # per runner layout
     assert len(after) == result["trials"] == 14
     assert all(t.params == before[t.number] for t in after if t.number in before)
+
+
+def test_a_trial_stops_once_the_fidelity_floor_is_out_of_reach(study):
+    """The early stop is exact: it fires only when even all-correct remaining prompts could not lift the
+    fidelity to the floor, and the full decode of such a policy is indeed below the floor."""
+    from dataclasses import replace
+
+    from viasd.search.thresholds import DevSet
+    from viasd.tasks import load_examples
+
+    _, params = study
+    run_dimr_stage(params, progress=False)
+    models = load_models(params.model_dir("target"), draft=params.model_dir("draft"),
+                         masks=[mask_paths(params)["mask"]], device="cpu")
+    dev = DevSet(models, load_examples(params.data.dir, "stdlib_continuation", "dev")[:6], 16)
+    dev.measure_pass_cost()
+    n = len(dev.prompts)
+    assert n >= 3
+    # every draft token accepted at once: as lossy as VIA-SD gets
+    lossy = replace(dev.base, gamma=4, score="ratio", tau_accept=1e-6, tau_slim=0.0, max_lag=0)
+    full = dev.evaluate(lossy)
+    assert not full["pruned"] and full["prompts"] == n and full["fidelity"] < 0.99
+    floor = (1 + full["fidelity"]) / 2  # out of reach, but not from the first prompt on
+    stopped = dev.evaluate(lossy, min_fidelity=floor)
+    k = stopped["prompts"]
+    assert stopped["pruned"] and k < n and stopped["task_drop"] is None and stopped["fidelity"] < floor
+    # exact: after k prompts the bound was below the floor, after fewer it was not
+    from viasd.metrics.model_metrics import score_outputs
+
+    rows = [score_outputs(models.target, [p], [models.generate(p, lossy).token_ids], models.vocab_size)[1][0]
+            for p in dev.prompts]
+
+    def bound(j):
+        matched = sum(r["fidelity"] * r["tokens"] for r in rows[:j] if r)
+        tokens = sum(r["tokens"] for r in rows[:j] if r)
+        rest = (n - j) * 16
+        return (matched + rest) / (tokens + rest)
+
+    assert bound(k) < floor and all(bound(j) >= floor for j in range(1, k))
+    lossless = dev.evaluate(replace(dev.base, gamma=4, tau_accept=math.inf, tau_slim=math.inf), min_fidelity=0.999)
+    assert not lossless["pruned"] and lossless["fidelity"] == 1.0 and lossless["prompts"] == n

@@ -234,3 +234,89 @@ def test_dimr_searches_the_decoder_on_split_windows(seq2seq, tokenizer, tmp_path
     choices, nll = greedy_choices(lambda ids: window_logits(models.target, ids), windows, models.vocab_size,
                                   encoder_decoder=True)
     assert choices.shape == (3, 17 - 17 // 2) and nll > 0
+
+
+def _shallow_encoder(models, layout, depth):
+    """The target with an encoder of `depth` layers, built as transformers builds one and loaded with the
+    target's weights (its first `depth` encoder layers): what a slim keeping encoder layers 0..depth-1 runs."""
+    config = models.target.config.to_dict()
+    config["num_layers" if layout == "t5" else "encoder_layers"] = depth
+    small = tf.AutoModelForSeq2SeqLM.from_config(type(models.target.config).from_dict(config)).eval()
+    missing, _ = small.load_state_dict(models.target.state_dict(), strict=False)
+    assert not missing
+    return small
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_slim_can_skip_encoder_layers(seq2seq, tokenizer, tmp_path, layout):
+    """The measured option: a mask that also names encoder layers gives the slim an encoder of its own (a
+    view running those layers; the target's is untouched), equal to a shallower model built from the
+    target's weights. Lossless methods stay lossless with it; the mask file carries it."""
+    import json
+
+    from viasd.decoding.routing import find_encoder_stack, num_encoder_layers
+    from viasd.errors import MaskError
+
+    models = seq2seq(layout)
+    target = models.target
+    n_enc = num_encoder_layers(target)
+    assert n_enc == (4 if layout == "t5" else 2) and "encoder" in find_encoder_stack(target)
+    mask = RoutingMask.from_layers([0, 2], 4).with_encoder([0], n_enc)
+    slim = SlimVerifier(target, mask)
+    assert shares_storage(slim) and slim.model.get_encoder() is not target.get_encoder()
+    assert len(target.get_encoder().get_submodule(find_encoder_stack(target)[-1])) == n_enc  # untouched
+    ids = torch.tensor([tokenizer(PROMPTS[1])["input_ids"]])
+    with torch.inference_mode():
+        ours = slim.model.get_encoder()(input_ids=ids).last_hidden_state
+        theirs = _shallow_encoder(models, layout, 1).get_encoder()(input_ids=ids).last_hidden_state
+        full = target.get_encoder()(input_ids=ids).last_hidden_state
+    assert torch.allclose(ours, theirs, atol=1e-5) and not torch.allclose(ours, full, atol=1e-3)
+    # every encoder layer kept is the shared encoder; layer 0 must stay (T5's position bias)
+    assert RoutingMask.from_layers([0, 2], 4).with_encoder(list(range(n_enc)), n_enc).encoder_keep_layers is None
+    with pytest.raises(MaskError, match="must include layer 0"):
+        RoutingMask.from_layers([0, 2], 4).with_encoder([1], n_enc)
+    path = tmp_path / "mask.json"
+    path.write_text(json.dumps({"keep_layers": [0, 2], "encoder_keep_layers": [0], "encoder_num_layers": n_enc}))
+    assert RoutingMask.from_json(path, 4) == mask
+    path.write_text(json.dumps({"keep_layers": [0, 2], "encoder_keep_layers": [0], "encoder_num_layers": n_enc + 1}))
+    with pytest.raises(MaskError, match=f"made for {n_enc + 1} encoder layers"):
+        SlimVerifier(target, RoutingMask.from_json(path, 4))
+    # decoding with it: greedy sd / cascade_sd still equal ar, viasd uses the slim
+    from viasd.models import ModelSet
+
+    skipping = ModelSet(target, models.tokenizer, models.draft, [slim], models.draft_tokenizer)
+    prompt = tokenizer(PROMPTS[0])["input_ids"]
+    ar = run(skipping, prompt, "ar")
+    assert run(skipping, prompt, "cascade_sd").token_ids == run(skipping, prompt, "sd").token_ids == ar.token_ids
+    out = run(skipping, prompt, "viasd", tau_accept=3.0, tau_slim=0.5)
+    assert out.stats.passes["slim"] > 0
+    check_accounting(out.stats)
+
+
+def test_an_encoder_mask_is_refused_for_a_decoder_only_target(model_sets):
+    from viasd.errors import UnsupportedArchitectureError
+
+    causal = model_sets("llama")
+    mask = RoutingMask.from_layers([0], num_decoder_layers(causal.target)).with_encoder([0], 2)
+    with pytest.raises(UnsupportedArchitectureError, match="only an encoder-decoder target's slim can skip encoder"):
+        SlimVerifier(causal.target, mask)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_dimr_with_encoder_layers_skipped_measures_both_costs(seq2seq, tokenizer, tmp_path, layout):
+    """`dimr.encoder_keep_ratio`: every costed slim runs the first encoder layers only; the cost of the
+    same decoder mask with the target's whole encoder stays measurable (`exact`)."""
+    from viasd.search.dimr import DimrConfig, MaskCost
+
+    models = seq2seq(layout)
+    windows = torch.tensor([tokenizer(p * 6)["input_ids"][:17] for p in PROMPTS])
+    keep = DimrConfig(encoder_keep_ratio=0.5).encoder_keep(models.target)
+    assert keep == ((0, 1) if layout == "t5" else (0,))
+    assert DimrConfig().encoder_keep(models.target) is None
+    cost = MaskCost(models.target, models.draft, windows, models.vocab_size, "target", 2, encoder_keep=keep)
+    every = RoutingMask.from_layers([0, 1, 2, 3], 4)
+    assert cost.exact(every) == pytest.approx(0.0, abs=1e-5)  # the whole target
+    skipped = cost(every)  # the same decoder with half the encoder: not the target
+    assert set(cost._seen) == {((0, 1, 2, 3), None), ((0, 1, 2, 3), keep)} and skipped > cost.exact(every)
+    if layout == "t5":  # (the tiny BART's decoder reads its encoder only faintly)
+        assert skipped > 1e-4

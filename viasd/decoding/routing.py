@@ -33,7 +33,7 @@ from torch import nn
 
 from ..errors import MaskError, UnsupportedArchitectureError
 from .kv_cache import keep_slots, model_cache
-from .seq2seq import decoder_depth, decoder_depth_key, is_encoder_decoder, text_config
+from .seq2seq import decoder_depth, decoder_depth_key, encoder_depth, is_encoder_decoder, text_config
 
 
 def decoder_config(model: nn.Module):
@@ -84,25 +84,66 @@ def find_layer_stack(model: nn.Module) -> tuple[str, ...]:
     return tuple(found[0].split("."))
 
 
+def num_encoder_layers(model: nn.Module) -> int:
+    """Encoder layers of an encoder-decoder `model`; UnsupportedArchitectureError for a decoder-only one."""
+    n = encoder_depth(model.config)
+    if not isinstance(n, int) or n <= 0:
+        raise UnsupportedArchitectureError(
+            f"{type(model).__name__} has no encoder (or its config gives no encoder depth): only an encoder-decoder "
+            "target's slim can skip encoder layers")
+    return n
+
+
+def find_encoder_stack(model: nn.Module) -> tuple[str, ...]:
+    """Attribute path from an encoder-decoder `model` to its encoder layer `ModuleList` (T5:
+    `("encoder", "block")`, BART: `("model", "encoder", "layers")`)."""
+    n = num_encoder_layers(model)
+    found = [name for name, module in model.named_modules()
+             if isinstance(module, nn.ModuleList) and len(module) == n and "encoder" in name.split(".")
+             and all(type(block) is type(module[0]) for block in module)]
+    if len(found) != 1:
+        what = "no" if not found else f"{len(found)} ({', '.join(found)})"
+        raise UnsupportedArchitectureError(
+            f"{type(model).__name__}: found {what} candidate encoder layer stacks of {n} blocks")
+    return tuple(found[0].split("."))
+
+
 @dataclass(frozen=True)
 class RoutingMask:
-    """Which of the target's `num_layers` decoder layers the slim verifier keeps (sorted, unique)."""
+    """Which of the target's `num_layers` decoder layers the slim verifier keeps (sorted, unique), and for
+    an encoder-decoder target optionally which of its `encoder_num_layers` encoder layers it runs
+    (`encoder_keep_layers`; None: the target's whole encoder, whose outputs it shares)."""
 
     keep_layers: tuple[int, ...]
     num_layers: int
+    encoder_keep_layers: tuple[int, ...] | None = None
+    encoder_num_layers: int | None = None
+
+    def with_encoder(self, layers, encoder_num_layers: int, source: str = "mask") -> RoutingMask:
+        """This mask with encoder layers `layers` kept (None or all of them: the target's encoder, shared).
+        Layer 0 must stay: T5 computes the relative position bias every later layer reads there."""
+        if layers is None:
+            return RoutingMask(self.keep_layers, self.num_layers)
+        enc = RoutingMask.from_layers(layers, encoder_num_layers, source=source, kind="encoder")
+        if 0 not in enc.keep_layers:
+            raise MaskError(f"{source}: the encoder layers kept must include layer 0 (T5 computes the position bias "
+                            "every later layer reads there)")
+        if len(enc.keep_layers) == encoder_num_layers:
+            return RoutingMask(self.keep_layers, self.num_layers)
+        return RoutingMask(self.keep_layers, self.num_layers, enc.keep_layers, encoder_num_layers)
 
     @classmethod
-    def from_layers(cls, layers, num_layers: int, source: str = "mask") -> RoutingMask:
+    def from_layers(cls, layers, num_layers: int, source: str = "mask", kind: str = "decoder") -> RoutingMask:
         """Validate a list of layer indices; errors name `source` (a file name or option)."""
         if not isinstance(layers, (list, tuple)) or not layers:
-            raise MaskError(f"{source}: the mask keeps no layers; list at least one decoder layer to keep")
+            raise MaskError(f"{source}: the mask keeps no layers; list at least one {kind} layer to keep")
         seen: set[int] = set()
         for layer in layers:
             if isinstance(layer, bool) or not isinstance(layer, int):
                 raise MaskError(f"{source}: layer {layer!r} is not an integer layer index")
             if not 0 <= layer < num_layers:
                 raise MaskError(
-                    f"{source}: layer {layer} is out of range for a target with {num_layers} decoder layers "
+                    f"{source}: layer {layer} is out of range for a target with {num_layers} {kind} layers "
                     f"(valid: 0..{num_layers - 1})"
                 )
             if layer in seen:
@@ -122,7 +163,12 @@ class RoutingMask:
             raise MaskError(f"mask file {path} is not readable JSON: {err}") from None
         if not isinstance(data, dict) or "keep_layers" not in data:
             raise MaskError(f'mask file {path} has no "keep_layers" list')
-        return cls.from_layers(data["keep_layers"], num_layers, source=f"mask file {path}")
+        mask = cls.from_layers(data["keep_layers"], num_layers, source=f"mask file {path}")
+        if data.get("encoder_keep_layers") is not None:
+            if not isinstance(data.get("encoder_num_layers"), int):
+                raise MaskError(f'mask file {path}: "encoder_keep_layers" needs "encoder_num_layers", the encoder\'s depth')
+            mask = mask.with_encoder(data["encoder_keep_layers"], data["encoder_num_layers"], source=f"mask file {path}")
+        return mask
 
     @classmethod
     def parse(cls, text: str, num_layers: int) -> RoutingMask:
@@ -178,14 +224,17 @@ def _routed_config(config, keep: tuple[int, ...]):
     return routed
 
 
-def routed_view(target: nn.Module, keep, config=None, base: bool = False, final_norm: bool = True) -> nn.Module:
+def routed_view(target: nn.Module, keep, config=None, base: bool = False, final_norm: bool = True,
+                encoder_keep=None) -> nn.Module:
     """A view of `target` (no weight copied, the target untouched) that runs the decoder layers `keep`
     (original indices, in order; each keeps its `layer_idx` and so its KV-cache slot).
 
     `base=True` returns the view of the decoder body (the module holding the layer stack, e.g.
     `LlamaModel`: hidden states out, no LM head); `final_norm=False` replaces the body's final norm by
     an identity in the view, so the output is the residual stream after the last kept layer.
-    Raises UnsupportedArchitectureError when the final norm cannot be found by name.
+    `encoder_keep` (an encoder-decoder target): the view's encoder runs only these encoder layers (a view
+    of the encoder path too; the target's encoder is untouched). Raises UnsupportedArchitectureError
+    when the final norm cannot be found by name.
     """
     path = find_layer_stack(target)
     config = config if config is not None else _routed_config(decoder_config(target), tuple(keep))
@@ -211,7 +260,25 @@ def routed_view(target: nn.Module, keep, config=None, base: bool = False, final_
         node = node if name is None else node._modules[name]
         if getattr(node, "config", None) is text_config:
             node.__dict__["config"] = config
+    if encoder_keep is not None:
+        _route_encoder(root, target, tuple(encoder_keep))
     return parent if base else root
+
+
+def _route_encoder(root: nn.Module, target: nn.Module, keep: tuple[int, ...]) -> None:
+    """Within the view `root` of `target`, a view of every module on the path to the encoder stack (those
+    the decoder's routing already re-instantiated are views already) holding only the `keep` blocks."""
+    path = find_encoder_stack(target)
+    node, original = root, target
+    for name in path[:-1]:
+        original = original._modules[name]
+        child = node._modules[name]
+        if child is original:  # still the target's own module: view it before changing it
+            child = _view_of(child)
+            node._modules[name] = child
+        node = child
+    stack = node._modules[path[-1]]
+    node._modules[path[-1]] = nn.ModuleList([stack[i] for i in keep])
 
 
 # names of the final norm applied after the decoder layer stack (Llama/Mistral/Qwen/Gemma: norm; Phi:
@@ -230,10 +297,13 @@ class SlimVerifier:
         n = num_decoder_layers(target)
         if mask.num_layers != n:
             raise MaskError(f"the mask was made for {mask.num_layers} decoder layers but the target has {n}")
+        if mask.encoder_keep_layers is not None and mask.encoder_num_layers != num_encoder_layers(target):
+            raise MaskError(f"the mask was made for {mask.encoder_num_layers} encoder layers but the target has "
+                            f"{num_encoder_layers(target)}")
         self.mask = mask
         self.target = target
         self.config = _routed_config(decoder_config(target), mask.keep_layers)
-        self.model = routed_view(target, mask.keep_layers, self.config)
+        self.model = routed_view(target, mask.keep_layers, self.config, encoder_keep=mask.encoder_keep_layers)
         self._shared_prefix = None
 
     def __call__(self, input_ids, cache=None, **kwargs):
@@ -265,7 +335,9 @@ class SlimVerifier:
 
     @property
     def name(self) -> str:
-        return "slim[" + ",".join(map(str, self.mask.keep_layers)) + "]"
+        encoder = self.mask.encoder_keep_layers
+        return ("slim[" + ",".join(map(str, self.mask.keep_layers)) + "]"
+                + ("" if encoder is None else "enc[" + ",".join(map(str, encoder)) + "]"))
 
     def relative_cost(self) -> float:
         """Share of the target's decoder layers this view runs (a first-order cost estimate)."""
@@ -289,8 +361,10 @@ def shares_storage(slim: SlimVerifier) -> bool:
 __all__ = [
     "RoutingMask",
     "SlimVerifier",
+    "find_encoder_stack",
     "find_layer_stack",
     "num_decoder_layers",
+    "num_encoder_layers",
     "evenly_spaced_mask",
     "shares_storage",
 ]

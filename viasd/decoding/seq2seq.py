@@ -7,6 +7,11 @@
 - Every decoder pass reads the encoder outputs; the decoder's cache is an `EncoderDecoderCache`: the
   self-attention part grows and is rolled back like a causal LM's, the cross-attention K/V are computed
   by the first pass and reused by every later one.
+- By default the routed slim runs the target's whole encoder (its outputs are the target's, computed
+  once). A mask may also name encoder layers (`RoutingMask.encoder_keep_layers`, the `dimr.encoder_keep`
+  option): the slim then has an encoder of its own, a view running those layers, which encodes the
+  prompt once more per decode. Per generated token it costs and saves nothing (the encoder runs once
+  per prompt either way); it changes what the slim's cross-attention reads.
 - The decoder layer stack is the one the routed slim verifier selects from (T5: `decoder.block`,
   BART: `model.decoder.layers`); its size is `num_decoder_layers` / `decoder_layers`, not
   `num_hidden_layers` (T5's encoder depth).
@@ -54,6 +59,17 @@ def decoder_start_id(model: nn.Module) -> int:
             return value
     raise PolicyError(f"{type(model).__name__} has no decoder_start_token_id in its config or generation config; "
                       "an encoder-decoder model needs one to start decoding")
+
+
+# config keys holding the encoder's depth (BART and kin: encoder_layers; T5 / MT5 / UMT5: num_layers)
+ENCODER_DEPTH_KEYS = ("encoder_layers", "num_layers")
+
+
+def encoder_depth(config) -> int | None:
+    """Encoder layers of an encoder-decoder config (None for a decoder-only one)."""
+    if not getattr(config, "is_encoder_decoder", False):
+        return None
+    return next((getattr(config, k) for k in ENCODER_DEPTH_KEYS if isinstance(getattr(config, k, None), int)), None)
 
 
 def decoder_depth(config) -> int | None:

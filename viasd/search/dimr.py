@@ -44,6 +44,23 @@ class DimrConfig:
     seed: int = 0
     batch_size: int = 8
     keep_prefix: int = 0  # every mask keeps layers 0..keep_prefix-1 (shared with the full model: reuse)
+    # an encoder-decoder target: the slim also runs only the first round(ratio * encoder depth) encoder layers
+    # (at least layer 0); None: it shares the target's whole encoder and its outputs (the default)
+    encoder_keep_ratio: float | None = None
+
+    def encoder_keep(self, target) -> tuple[int, ...] | None:
+        """The encoder layers every mask of this search keeps (None: the target's whole encoder, shared).
+        For a decoder-only target the option does not apply (logged)."""
+        if self.encoder_keep_ratio is None:
+            return None
+        from ..decoding.seq2seq import encoder_depth
+
+        n = encoder_depth(target.config)
+        if n is None:
+            log.warning("dimr.encoder_keep_ratio applies to encoder-decoder targets; %s has no encoder: ignored",
+                        type(target).__name__)
+            return None
+        return tuple(range(max(1, round(self.encoder_keep_ratio * n))))
 
     def budget(self, num_layers: int) -> int:
         k = round(self.keep_ratio * num_layers)
@@ -62,6 +79,8 @@ class DimrConfig:
             raise SearchError("n_random must be >= 1 and n_bayes >= 0")
         if self.keep_prefix < 0:
             raise SearchError(f"keep_prefix must be >= 0, got {self.keep_prefix}")
+        if self.encoder_keep_ratio is not None and not 0 < self.encoder_keep_ratio <= 1:
+            raise SearchError(f"encoder_keep_ratio must be in (0, 1] or null, got {self.encoder_keep_ratio}")
 
     def check_prefix(self, num_layers: int) -> None:
         k = self.budget(num_layers)
@@ -89,9 +108,13 @@ class SearchResult:
 class MaskCost:
     """Mean DIMR cost of masks of one target on one calibration set (reference log-probs cached)."""
 
-    def __init__(self, target, draft, calibration: torch.Tensor, vocab_size: int, kind: str, batch_size: int = 8):
+    def __init__(self, target, draft, calibration: torch.Tensor, vocab_size: int, kind: str, batch_size: int = 8,
+                 encoder_keep: tuple[int, ...] | None = None):
+        """`encoder_keep`: an encoder-decoder target's encoder layers every costed slim runs (None: all,
+        the target's encoder)."""
         device = next(target.parameters()).device
         self.target, self.kind, self.batch_size = target, kind, batch_size
+        self.encoder_keep = encoder_keep
         self.tokens = calibration.to(device)
         self.vocab_size = vocab_size
         self.num_layers = num_decoder_layers(target)
@@ -104,13 +127,24 @@ class MaskCost:
                                         vocab_size, batch_size)
         self.reference_seconds = time.perf_counter() - start
         self.passes = 0
-        self._seen: dict[tuple[int, ...], float] = {}
+        self._seen: dict[tuple, float] = {}
 
     @torch.inference_mode()
     def __call__(self, mask: RoutingMask) -> float:
-        """Mean cost of `mask` (memoised: a mask proposed again costs no forward pass)."""
-        if mask.keep_layers in self._seen:
-            return self._seen[mask.keep_layers]
+        """Mean cost of `mask` (memoised: a mask proposed again costs no forward pass), with this cost's
+        encoder layers unless the mask names its own."""
+        if self.encoder_keep is not None and mask.encoder_keep_layers is None:
+            from ..decoding.routing import num_encoder_layers
+
+            mask = mask.with_encoder(self.encoder_keep, num_encoder_layers(self.target))
+        return self.exact(mask)
+
+    @torch.inference_mode()
+    def exact(self, mask: RoutingMask) -> float:
+        """Mean cost of `mask` as given (its own encoder layers, or the target's whole encoder)."""
+        key = (mask.keep_layers, mask.encoder_keep_layers)
+        if key in self._seen:
+            return self._seen[key]
         slim = SlimVerifier(self.target, mask)
         total, count = 0.0, 0
         for start in range(0, self.tokens.shape[0], self.batch_size):
@@ -123,7 +157,7 @@ class MaskCost:
             total += costs.sum().item()
             count += costs.numel()
             self.passes += 1
-        self._seen[mask.keep_layers] = total / count
+        self._seen[key] = total / count
         return total / count
 
 

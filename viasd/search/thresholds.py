@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from ..decoding.policy import DecodePolicy
 from ..decoding.stats import DecodeStats
 from ..errors import ViasdError
-from ..metrics.model_metrics import agreement, score_outputs
+from ..metrics.model_metrics import agreement, pooled, score_outputs
 from ..metrics.quality import QualityConstraints, main_metric, task_drop
 from ..models import ModelSet
 from ..tasks.base import Example, TaskSpec
@@ -139,15 +139,33 @@ class DevSet:
         self.pass_cost = cost
         return cost
 
-    def evaluate(self, policy: DecodePolicy) -> dict:
-        """Decode every dev prompt with `policy`: cost (model and wall) and the three quality measures."""
-        results = [self.models.generate(p, policy) for p in self.prompts]
+    def evaluate(self, policy: DecodePolicy, min_fidelity: float | None = None) -> dict:
+        """Decode every dev prompt with `policy`: cost (model and wall) and the three quality measures.
+
+        With `min_fidelity`, stop as soon as the policy cannot reach it whatever the remaining prompts
+        give: after prompts 1..k with m of n tokens equal to the target's greedy choice, the best the
+        rest can do is R = (remaining prompts) x max_new_tokens more tokens, all equal, so the final
+        fidelity is at most (m + R) / (n + R). Below `min_fidelity` the point is infeasible, and its
+        measures (`pruned`: true, `prompts`: k) are those of the first k prompts, with no task score.
+        """
+        results, row_scores = [], []
+        matched = total = 0.0
+        for i, prompt in enumerate(self.prompts):
+            result = self.models.generate(prompt, policy)
+            _, (score,) = score_outputs(self.models.target, [prompt], [result.token_ids], self.models.vocab_size)
+            results.append(result)
+            row_scores.append(score)
+            if score:
+                matched, total = matched + score["fidelity"] * score["tokens"], total + score["tokens"]
+            rest = (len(self.prompts) - i - 1) * policy.max_new_tokens
+            if min_fidelity is not None and rest and (matched + rest) / (total + rest) < min_fidelity:
+                break
+        pruned = len(results) < len(self.prompts)
         stats = DecodeStats.merge([r.stats for r in results])
         tokens = max(stats.new_tokens, 1)
         agree = sum(agreement(r.token_ids, ref) for r, ref in zip(results, self.reference)) / len(results)
-        scores, _ = score_outputs(self.models.target, self.prompts, [r.token_ids for r in results],
-                                  self.models.vocab_size)
-        score = self.task_score([r.text for r in results])
+        scores = pooled(row_scores)
+        score = None if pruned else self.task_score([r.text for r in results])
         keys = cost_keys(stats)
         missing = set(keys.values()) - set(self.pass_cost)
         if missing:
@@ -156,7 +174,8 @@ class DevSet:
         return {"cost_per_token": modeled, "wall_per_token": stats.wall_time_s / tokens,
                 "fidelity": scores["fidelity"], "nll": scores["nll"], "agreement": agree,
                 "task_metric": self.metric, "task_score": score, "task_score_ar": self.ar_task,
-                "task_drop": task_drop(self.metric, self.ar_task, score) if self.metric else None,
+                "task_drop": task_drop(self.metric, self.ar_task, score) if self.metric and not pruned else None,
+                "pruned": pruned, "prompts": len(results),
                 "rejection_rate": stats.rejection_rate, "acceptance_rate": stats.acceptance_rate,
                 "block_escalation_rate": stats.block_escalation_rate, "gated_rate": stats.gated_rate,
                 "full_passes_per_token": stats.full_passes_per_token(),
@@ -281,7 +300,8 @@ def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage: str, study_name:
         trial = study.ask()
         policy = suggest_policy(trial, dev.base, cfg)
         start = time.perf_counter()
-        measured = dev.evaluate(policy)
+        # a trial that can no longer reach the fidelity floor stops early (an exact bound: DevSet.evaluate)
+        measured = dev.evaluate(policy, cfg.quality.min_fidelity)
         measured["seconds"] = time.perf_counter() - start
         for key, value in _point(policy, measured, cfg).items():
             trial.set_user_attr(key, value)

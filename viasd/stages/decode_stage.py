@@ -2,8 +2,8 @@
 every run of `study.runs`) on the task's test split, with one load of the pair.
 
 Each prompt is decoded once with greedy `ar` and once with every run, one after another in an order
-that rotates from prompt to prompt, so each run's `speedup_vs_ar` is a ratio measured side by side in
-the same process and machine state, and agreement with the target's greedy output is exact.
+that rotates from prompt to prompt, so each run's `speedup_vs_ar` (its tokens per second over ar's)
+is a ratio measured side by side in the same process and machine state, and agreement with the target's greedy output is exact.
 Outputs (named by pair, task and run):
   reports/decode/<pair>/<task>/<run>.jsonl   one row per example: tokens, text, statistics, ar tokens
   reports/decode/<pair>/<task>/<run>.json    summed statistics, speedup vs ar, the policy used
@@ -130,7 +130,10 @@ def _write_run(params: Params, pair: str, task: str, spec: RunSpec, split: str, 
         "pair": pair, "task": task, "run": spec.name, "method": spec.method, "ablation": spec.ablation or "none",
         "split": split, "examples": len(rows), "ar_wall_time_s": ar_stats.wall_time_s,
         "ar_tokens_per_second": ar_stats.tokens_per_second,
-        "speedup_vs_ar": (ar_stats.wall_time_s / stats.wall_time_s) if stats.wall_time_s else None,
+        # per generated token: a lossy run may write more or fewer tokens than ar (a body that runs on, an
+        # earlier stop), so the ratio of total times would charge it for its length, not its speed
+        "speedup_vs_ar": (stats.tokens_per_second / ar_stats.tokens_per_second)
+        if stats.tokens_per_second and ar_stats.tokens_per_second else None,
         "fidelity": target_scores["fidelity"], "target_nll": target_scores["nll"],
         "policy": {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
                    for k, v in asdict(policy).items() if k not in ("sampling", "eos_token_ids", "stop_strings")},

@@ -104,19 +104,27 @@ def run_dimr_stage(params: Params, progress: bool = True, pair: Pair | None = No
     models = load_models(pair.target, draft=pair.draft, device=params.device, dtype=pair.dtype,
                          trust_remote_code=pair.trust_remote_code)
     cfg.budget(num_decoder_layers(models.target))  # fail early on an impossible budget
-    cost = MaskCost(models.target, models.draft, calibration, models.vocab_size, cfg.cost, cfg.batch_size)
+    encoder_keep = cfg.encoder_keep(models.target)
+    cost = MaskCost(models.target, models.draft, calibration, models.vocab_size, cfg.cost, cfg.batch_size,
+                    encoder_keep)
     storage, search_name = optuna_storage(params, paths["storage"]), study_name(f"dimr-{pair.name}", asdict(cfg))
     result = dimr_search(cost, cfg, storage, search_name, progress)
     out = result_json(result, cfg, pair=pair.name, target=pair.target, draft=pair.draft)
+    encoder = {}
+    if encoder_keep is not None:  # the measured option: the same decoder mask with the target's whole encoder
+        from ..decoding.routing import RoutingMask, num_encoder_layers
+
+        encoder = {"encoder_keep_layers": list(encoder_keep), "encoder_num_layers": num_encoder_layers(models.target)}
+        out.update(encoder, cost_shared_encoder=cost.exact(RoutingMask.from_layers(result.keep_layers, result.num_layers)))
     for name in baselines:
         mask = baseline_mask(name, result.num_layers, result.budget_layers, cfg.seed)
         write_json(paths[name], {"keep_layers": list(mask.keep_layers), "cost": cost(mask), "cost_fn": cfg.cost,
                                  "num_layers": result.num_layers, "budget_layers": result.budget_layers,
-                                 "baseline": name, "seed": cfg.seed})
+                                 "baseline": name, "seed": cfg.seed, **encoder})
     if main:
         masks = {"slim": result.keep_layers, **{name: baseline_mask(name, result.num_layers, result.budget_layers,
                                                                    cfg.seed).keep_layers for name in baselines}}
-        out["agreement"] = family_agreement(params, pair, models, masks)
+        out["agreement"] = family_agreement(params, pair, models, masks, encoder_keep)
     write_jsonl(paths["trace"], result.trials)
     title = f"DIMR ({cfg.cost} cost), keep {result.budget_layers}/{result.num_layers} layers"
     search_curve(storage, search_name, cfg.n_random, paths["curve"], title)
@@ -125,11 +133,12 @@ def run_dimr_stage(params: Params, progress: bool = True, pair: Pair | None = No
     return out
 
 
-def family_agreement(params: Params, pair: Pair, models, masks: dict) -> dict:
+def family_agreement(params: Params, pair: Pair, models, masks: dict, encoder_keep=None) -> dict:
     """Teacher-forced greedy agreement with the target, and NLL, of the draft, each slim of `masks`
-    (name -> kept layers) and the pair's independent model, on windows spread over the corpus's test
+    (name -> kept decoder layers, with `encoder_keep` for an encoder-decoder target) and the pair's
+    independent model, on windows spread over the corpus's test
     split (the trained family; hub pairs, whose tokenizer is another, on the calibration set)."""
-    from ..decoding.routing import RoutingMask, SlimVerifier
+    from ..decoding.routing import RoutingMask, SlimVerifier, num_encoder_layers
     from ..models import load_model
     from ..search.calibration import greedy_choices, spread_windows, window_logits, window_targets
     from ..training.train import load_token_stream
@@ -145,7 +154,11 @@ def family_agreement(params: Params, pair: Pair, models, masks: dict) -> dict:
     vocab = models.vocab_size
     forwards = {"target": target, "draft": models.draft}
     n = num_decoder_layers(target)
-    forwards.update({name: SlimVerifier(target, RoutingMask.from_layers(keep, n)).model for name, keep in masks.items()})
+    def routed(keep):
+        mask = RoutingMask.from_layers(keep, n)
+        return mask if encoder_keep is None else mask.with_encoder(encoder_keep, num_encoder_layers(target))
+
+    forwards.update({name: SlimVerifier(target, routed(keep)).model for name, keep in masks.items()})
     if pair.independent:
         forwards["independent"] = load_model(pair.independent, device=str(device), dtype=pair.dtype,
                                              trust_remote_code=pair.trust_remote_code)
