@@ -143,9 +143,16 @@ def test_decode_and_evaluate_commands_on_the_trained_family(study, capsys):
         assert [r["ar_token_ids"] for r in rows] == [r["token_ids"] for r in ar_rows] == [r["token_ids"] for r in rows]
         assert summaries[run]["ar_wall_time_s"] == pytest.approx(summaries["ar"]["wall_time_s"])
     assert summaries["ar"]["speedup_vs_ar"] == 1.0 and summaries["ar"]["passes"].get("draft", 0) == 0
+    # the same tokens score the same (scored once): fidelity 1 and ar's NLL for every lossless run
+    assert all(summaries[r]["fidelity"] == 1.0 and summaries[r]["target_nll"] == summaries["ar"]["target_nll"]
+               for r in ("sd", "sd-gamma_2"))
     assert main(["evaluate", *base, "--run", "ar", "--run", "sd"]) == 0
     evaluated = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [e["run"] for e in evaluated] == ["ar", "sd"] and all(e["quality"]["agreement"] == 1.0 for e in evaluated)
+    # the evaluation's NLL and fidelity are the decode's target scores, pooled (no second target pass)
+    for run in ("ar", "sd"):
+        quality = json.loads(eval_path(params, "smoke", "stdlib_continuation", run).read_text())["quality"]
+        assert quality["nll"] == pytest.approx(summaries[run]["target_nll"]) and quality["fidelity"] == 1.0
     assert main(["decode", *base, "--run", "sd-no_tier2"]) == 2
     assert "no_tier2 is a VIA-SD ablation" in capsys.readouterr().err
     # a VIA-SD run whose thresholds were never tuned (the session's study folder may hold tuned ones: hidden here)

@@ -68,19 +68,20 @@ def metric_score(task: TaskSpec, metric: str, examples: list[Example], texts: li
     return task_quality(replace(task, metrics=(metric,)), examples, rows).get(metric)
 
 
-def task_quality(task: TaskSpec, examples: list[Example], rows: list[dict], models: ModelSet | None = None) -> dict:
+def task_quality(task: TaskSpec, examples: list[Example], rows: list[dict]) -> dict:
     """The task's quality metrics for decoded `rows` (aligned with `examples`).
 
     `agreement` is position-wise agreement with the target's greedy output (`ar_token_ids`, else the
-    row's own tokens for `ar` itself); `nll` is the target's mean negative log-likelihood of the
-    output (nats/token, needs `models`); `pass_at_1` runs the HumanEval tests in a sandboxed process;
-    `compiles` and `doctest_pass` check generated function bodies (`viasd.metrics.code_checks`); the
-    rest are text metrics from `viasd.metrics`. Examples that carry a `def_indent` (function bodies)
-    are scored on the body the output holds, cut where its indentation returns to the `def`'s.
+    row's own tokens for `ar` itself); `nll` is the target's mean negative log-likelihood of the output
+    (nats/token), pooled over the rows' `target_nll` that the decode scored with the target;
+    `pass_at_1` runs the HumanEval tests in a sandboxed process; `compiles` and `doctest_pass` check
+    generated function bodies (`viasd.metrics.code_checks`); the rest are text metrics from
+    `viasd.metrics`. Examples that carry a `def_indent` (function bodies) are scored on the body the
+    output holds, cut where its indentation returns to the `def`'s.
     """
     from .metrics.code_checks import body_compiles, generated_body, passes_doctests
     from .metrics.execution import pass_at_1
-    from .metrics.model_metrics import agreement, target_nll
+    from .metrics.model_metrics import agreement
     from .metrics.text_metrics import compute
 
     texts = [generated_body(row["text"] or "", e.extra["def_indent"]) if "def_indent" in e.extra else row["text"] or ""
@@ -91,16 +92,9 @@ def task_quality(task: TaskSpec, examples: list[Example], rows: list[dict], mode
             scores = [agreement(r["token_ids"], r.get("ar_token_ids", r["token_ids"])) for r in rows]
             out["agreement"] = sum(scores) / max(len(scores), 1)
         elif name == "nll":
-            if models is None:
-                continue
-            total = count = 0.0
-            for example, row in zip(examples, rows):
-                prompt = example.prompt_ids if example.prompt_ids is not None else models.encode(example.prompt)
-                nll = target_nll(models.target, prompt, row["token_ids"], models.vocab_size)
-                if nll is not None:
-                    total += nll * len(row["token_ids"])
-                    count += len(row["token_ids"])
-            out["nll"] = total / count if count else None
+            scored = [(r["target_nll"], len(r["token_ids"])) for r in rows if r.get("target_nll") is not None]
+            if scored:
+                out["nll"] = sum(v * n for v, n in scored) / sum(n for _, n in scored)
         elif name == "compiles":
             ok = [body_compiles(e.extra, t) for e, t in zip(examples, texts)]
             out["compiles"] = sum(ok) / max(len(ok), 1)

@@ -56,8 +56,8 @@ def open_stage_run(args) -> None:
         params = load_params(args)
     except ViasdError:
         return  # the stage itself reports the bad parameters
-    cell = [v if isinstance(v, str) else "+".join(map(str, v)) if isinstance(v, list) else str(v)
-            for v in (getattr(args, k, None) for k in ("role", "pair", "task", "run")) if v]
+    values = [getattr(args, k, None) for k in ("role", "pair", "task", "run")]
+    cell = ["+".join(v) if isinstance(v, list) else str(v) for v in values if v]  # --run is repeatable
     name = "/".join([args.command.replace("-", "_"), *cell])
     root = args.params.resolve().parent
     invocation = None if os.environ.get(PARENT_ENV) else dvc_invocation()

@@ -31,17 +31,6 @@ def _next_token_logits(target, prompt_ids: list[int], tokens: list[int]) -> torc
 
 
 @torch.inference_mode()
-def target_nll(target, prompt_ids: list[int], tokens: list[int], vocab_size: int | None = None) -> float | None:
-    """Mean negative log-likelihood (nats/token) the target assigns to `tokens` after the prompt."""
-    if not tokens:
-        return None
-    logits = _next_token_logits(target, prompt_ids, tokens)
-    if vocab_size is not None:
-        logits = logits[:, :vocab_size]
-    gold = torch.tensor(tokens, device=logits.device)
-    return F.cross_entropy(logits.float(), gold).item()
-
-
 @torch.inference_mode()
 def teacher_forced(target, prompt_ids: list[int], tokens: list[int], vocab_size: int | None = None) -> dict | None:
     """One parallel pass of the target over `prompt + tokens` (teacher forcing).

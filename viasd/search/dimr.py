@@ -115,6 +115,10 @@ class MaskCost:
         device = next(target.parameters()).device
         self.target, self.kind, self.batch_size = target, kind, batch_size
         self.encoder_keep = encoder_keep
+        if encoder_keep is not None:
+            from ..decoding.routing import num_encoder_layers
+
+            self.encoder_layers = num_encoder_layers(target)
         self.tokens = calibration.to(device)
         self.vocab_size = vocab_size
         self.num_layers = num_decoder_layers(target)
@@ -133,11 +137,14 @@ class MaskCost:
     def __call__(self, mask: RoutingMask) -> float:
         """Mean cost of `mask` (memoised: a mask proposed again costs no forward pass), with this cost's
         encoder layers unless the mask names its own."""
-        if self.encoder_keep is not None and mask.encoder_keep_layers is None:
-            from ..decoding.routing import num_encoder_layers
+        return self.exact(self.routed(mask))
 
-            mask = mask.with_encoder(self.encoder_keep, num_encoder_layers(self.target))
-        return self.exact(mask)
+    def routed(self, mask: RoutingMask) -> RoutingMask:
+        """`mask` with the encoder layers every slim of this search runs (unchanged if it names its own,
+        or the search shares the target's encoder)."""
+        if self.encoder_keep is None or mask.encoder_keep_layers is not None:
+            return mask
+        return mask.with_encoder(self.encoder_keep, self.encoder_layers)
 
     @torch.inference_mode()
     def exact(self, mask: RoutingMask) -> float:

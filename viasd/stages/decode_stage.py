@@ -77,16 +77,21 @@ def run_policy(params: Params, pair: str, task: str, run: str | RunSpec) -> Deco
     return DecodePolicy(**fields)
 
 
-def score_rows(models, examples, rows: list[dict]) -> dict:
-    """Fidelity and the target's NLL of each row's output (one teacher-forced target pass per row, written
-    into the row), pooled over the rows by tokens."""
-    from ..metrics.model_metrics import score_outputs
+def score_rows(models, prompts: list[list[int]], rows: list[dict], cache: dict) -> dict:
+    """Fidelity and the target's NLL of each row's output (one teacher-forced target pass per distinct
+    output, written into the row), pooled over the rows by tokens. `cache` maps (prompt index, output
+    tokens) to a score: the runs of one decode job that wrote the same tokens as another (every lossless
+    run writes `ar`'s) are scored once."""
+    from ..metrics.model_metrics import pooled, teacher_forced
 
-    prompts = [e.prompt_ids if e.prompt_ids is not None else models.encode(e.prompt) for e in examples]
-    total, scores = score_outputs(models.target, prompts, [row["token_ids"] for row in rows], models.vocab_size)
-    for row, score in zip(rows, scores):
-        row["fidelity"], row["target_nll"] = (score["fidelity"], score["nll"]) if score else (None, None)
-    return total
+    scores = []
+    for i, (prompt, row) in enumerate(zip(prompts, rows)):
+        key = (i, tuple(row["token_ids"]))
+        if key not in cache:
+            cache[key] = teacher_forced(models.target, prompt, row["token_ids"], models.vocab_size)
+        scores.append(cache[key])
+        row["fidelity"], row["target_nll"] = (cache[key]["fidelity"], cache[key]["nll"]) if cache[key] else (None, None)
+    return pooled(scores)
 
 
 def run_decode_stage(params: Params, pair_name: str, task: str, runs: Sequence[str] | None = None,
@@ -111,20 +116,22 @@ def run_decode_stage(params: Params, pair_name: str, task: str, runs: Sequence[s
     ar_models = next(iter(models.values()))
     cells = {spec.name: (models[spec.name], policies[spec.name]) for spec in specs if spec.method != "ar"}
     rows, stats, ar_rows, ar_stats = decode_side_by_side(ar_models, reference, cells, examples, task_spec, progress)
+    prompts = [e.prompt_ids if e.prompt_ids is not None else ar_models.encode(e.prompt) for e in examples]
+    scored: dict = {}
     summaries = []
     for spec in specs:
         run_rows, run_stats = (rows[spec.name], stats[spec.name]) if spec.name in cells else (ar_rows, ar_stats)
-        summaries.append(_write_run(params, pair.name, task, spec, split, examples, ar_models, run_rows, run_stats,
-                                    ar_stats, policies[spec.name], inputs[spec.name]))
+        target_scores = score_rows(ar_models, prompts, run_rows, scored)
+        summaries.append(_write_run(params, pair.name, task, spec, split, run_rows, run_stats, ar_stats, target_scores,
+                                    policies[spec.name], inputs[spec.name]))
     return summaries
 
 
-def _write_run(params: Params, pair: str, task: str, spec: RunSpec, split: str, examples, models, rows: list[dict],
-               stats, ar_stats, policy: DecodePolicy, inputs: dict) -> dict:
-    """Score one run's rows against the target, write its rows and summary; returns the summary."""
+def _write_run(params: Params, pair: str, task: str, spec: RunSpec, split: str, rows: list[dict], stats, ar_stats,
+               target_scores: dict, policy: DecodePolicy, inputs: dict) -> dict:
+    """Write one run's rows and summary (`target_scores`: its pooled fidelity and NLL); returns the summary."""
     from ..io import write_json, write_jsonl
 
-    target_scores = score_rows(models, examples, rows)
     summary = stats.as_dict()
     summary.update({
         "pair": pair, "task": task, "run": spec.name, "method": spec.method, "ablation": spec.ablation or "none",

@@ -21,7 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..config import Pair, Params
-from ..decoding.routing import num_decoder_layers
+from ..decoding.routing import RoutingMask, num_decoder_layers
 from ..decoding.seq2seq import is_encoder_decoder
 from ..io import write_json, write_jsonl
 from ..search.calibration import load_calibration
@@ -110,21 +110,19 @@ def run_dimr_stage(params: Params, progress: bool = True, pair: Pair | None = No
     storage, search_name = optuna_storage(params, paths["storage"]), study_name(f"dimr-{pair.name}", asdict(cfg))
     result = dimr_search(cost, cfg, storage, search_name, progress)
     out = result_json(result, cfg, pair=pair.name, target=pair.target, draft=pair.draft)
+    found = RoutingMask.from_layers(result.keep_layers, result.num_layers)
     encoder = {}
     if encoder_keep is not None:  # the measured option: the same decoder mask with the target's whole encoder
-        from ..decoding.routing import RoutingMask, num_encoder_layers
-
-        encoder = {"encoder_keep_layers": list(encoder_keep), "encoder_num_layers": num_encoder_layers(models.target)}
-        out.update(encoder, cost_shared_encoder=cost.exact(RoutingMask.from_layers(result.keep_layers, result.num_layers)))
-    for name in baselines:
-        mask = baseline_mask(name, result.num_layers, result.budget_layers, cfg.seed)
+        encoder = {"encoder_keep_layers": list(encoder_keep), "encoder_num_layers": cost.encoder_layers}
+        out.update(encoder, cost_shared_encoder=cost.exact(found))
+    baseline_masks = {name: baseline_mask(name, result.num_layers, result.budget_layers, cfg.seed) for name in baselines}
+    for name, mask in baseline_masks.items():
         write_json(paths[name], {"keep_layers": list(mask.keep_layers), "cost": cost(mask), "cost_fn": cfg.cost,
                                  "num_layers": result.num_layers, "budget_layers": result.budget_layers,
                                  "baseline": name, "seed": cfg.seed, **encoder})
     if main:
-        masks = {"slim": result.keep_layers, **{name: baseline_mask(name, result.num_layers, result.budget_layers,
-                                                                   cfg.seed).keep_layers for name in baselines}}
-        out["agreement"] = family_agreement(params, pair, models, masks, encoder_keep)
+        masks = {"slim": found, **baseline_masks}
+        out["agreement"] = family_agreement(params, pair, models, {name: cost.routed(m) for name, m in masks.items()})
     write_jsonl(paths["trace"], result.trials)
     title = f"DIMR ({cfg.cost} cost), keep {result.budget_layers}/{result.num_layers} layers"
     search_curve(storage, search_name, cfg.n_random, paths["curve"], title)
@@ -133,12 +131,11 @@ def run_dimr_stage(params: Params, progress: bool = True, pair: Pair | None = No
     return out
 
 
-def family_agreement(params: Params, pair: Pair, models, masks: dict, encoder_keep=None) -> dict:
+def family_agreement(params: Params, pair: Pair, models, masks: dict) -> dict:
     """Teacher-forced greedy agreement with the target, and NLL, of the draft, each slim of `masks`
-    (name -> kept decoder layers, with `encoder_keep` for an encoder-decoder target) and the pair's
-    independent model, on windows spread over the corpus's test
+    (name -> `RoutingMask`) and the pair's independent model, on windows spread over the corpus's test
     split (the trained family; hub pairs, whose tokenizer is another, on the calibration set)."""
-    from ..decoding.routing import RoutingMask, SlimVerifier, num_encoder_layers
+    from ..decoding.routing import SlimVerifier
     from ..models import load_model
     from ..search.calibration import greedy_choices, spread_windows, window_logits, window_targets
     from ..training.train import load_token_stream
@@ -153,12 +150,7 @@ def family_agreement(params: Params, pair: Pair, models, masks: dict, encoder_ke
     tokens = tokens.to(device)
     vocab = models.vocab_size
     forwards = {"target": target, "draft": models.draft}
-    n = num_decoder_layers(target)
-    def routed(keep):
-        mask = RoutingMask.from_layers(keep, n)
-        return mask if encoder_keep is None else mask.with_encoder(encoder_keep, num_encoder_layers(target))
-
-    forwards.update({name: SlimVerifier(target, routed(keep)).model for name, keep in masks.items()})
+    forwards.update({name: SlimVerifier(target, mask).model for name, mask in masks.items()})
     if pair.independent:
         forwards["independent"] = load_model(pair.independent, device=str(device), dtype=pair.dtype,
                                              trust_remote_code=pair.trust_remote_code)

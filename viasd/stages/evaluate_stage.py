@@ -1,6 +1,7 @@
 """`viasd evaluate --pair P --task T [--run R ...]`: the task's quality metrics for the decode outputs of
-the study grid's runs for one pair and task (default: every run of `study.runs`; the target loaded
-once, for tasks that score the target's NLL).
+the study grid's runs for one pair and task (default: every run of `study.runs`). The target-scored
+measures (fidelity, the target's NLL) come from the decode, which scored each output in one
+teacher-forced pass; this stage loads no model, only the tokenizer.
 
 Output per run: reports/eval/<pair>/<task>/<run>.json — the decode summary (statistics, speedup vs ar)
 plus `quality`, the three measures of docs/quality.md: `fidelity` (and the target's `nll`), the
@@ -25,7 +26,7 @@ def eval_path(params: Params, pair: str, task: str, run: str):
 def run_evaluate_stage(params: Params, pair_name: str, task: str, runs: Sequence[str] | None = None) -> list[dict]:
     """Evaluate the decode outputs of `runs` (default: `study.runs`); writes and returns one result each.
     Every run's decode output is checked before any is evaluated."""
-    from ..models import load_models, load_tokenizer
+    from ..models import load_tokenizer
     from ..runs import parse_run
     from ..tasks import get_task
 
@@ -33,13 +34,9 @@ def run_evaluate_stage(params: Params, pair_name: str, task: str, runs: Sequence
     decoded = {name: _decoded(params, pair_name, task, name) for name in names}
     spec = get_task(task)
     pair = params.pair(pair_name)
-    models = None
-    if "nll" in spec.metrics:
-        models = load_models(pair.target, device=params.device, dtype=pair.dtype,
-                             trust_remote_code=pair.trust_remote_code)
     tokenizer = load_tokenizer(pair.target, pair.trust_remote_code)
     ar_scores: dict = {}  # the runs share one ar reference: its main metric is scored once
-    return [_evaluate_run(params, pair_name, task, name, *decoded[name], spec, models, tokenizer, ar_scores)
+    return [_evaluate_run(params, pair_name, task, name, *decoded[name], spec, tokenizer, ar_scores)
             for name in names]
 
 
@@ -62,14 +59,13 @@ def _decoded(params: Params, pair_name: str, task: str, run: str) -> tuple[dict,
 
 
 def _evaluate_run(params: Params, pair_name: str, task: str, run: str, summary: dict, rows: list[dict], chosen: list,
-                  spec, models, tokenizer, ar_scores: dict) -> dict:
+                  spec, tokenizer, ar_scores: dict) -> dict:
     from ..evaluation import metric_score, task_quality
     from ..io import write_json
     from ..metrics.quality import main_metric, task_drop
 
-    quality = task_quality(spec, chosen, rows, models)
-    scored = [(r["fidelity"], len(r["token_ids"])) for r in rows if r.get("fidelity") is not None]
-    quality["fidelity"] = sum(f * n for f, n in scored) / sum(n for _, n in scored) if scored else None
+    quality = task_quality(spec, chosen, rows)
+    quality["fidelity"] = summary["fidelity"]  # pooled over the rows by the decode
     metric = main_metric(spec.metrics)
     if metric is not None:
         ar_texts = [tokenizer.decode(r.get("ar_token_ids", r["token_ids"]), skip_special_tokens=True) for r in rows]

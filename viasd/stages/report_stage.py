@@ -277,8 +277,8 @@ def run_report_stage(params: Params) -> dict:
                     f"DIMR search of `{pair}`: ![search](dimr/{pair}/search.png) ![layers](dimr/{pair}/layers.png)\n"]
     times = stage_times(params.models_dir.parent / "benchmarks")
     if times:
-        side_by_side = ("Jobs whose threads fit in `--cores` run side by side (on 2 cores: the threshold searches, "
-                        "decodes and evaluations two at a time), so the sums exceed the study's wall time.")
+        side_by_side = ("Jobs whose threads fit in `--cores` run side by side, so the sums can exceed the study's "
+                        "wall time.")
         write_text(paths["stage-times"], f"# Wall time per workflow rule (Snakemake benchmarks/)\n\n{side_by_side}\n\n{times}")
         summary += ["## Stage times\n", "Wall time per workflow rule, from Snakemake's `benchmarks/` (the report's "
                     f"own job is not yet in it). {side_by_side}\n", times]

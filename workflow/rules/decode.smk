@@ -16,8 +16,8 @@ rule decode:
         decode=config["decode"],
         task=task_params,
         runs=STUDY["runs"],
-    # one thread: at batch 1 these models gain ~7 % from a second thread (4.8 against 5.2 ms/token for the
-    # default target), while two one-thread jobs side by side each keep ~95 % of their speed
+    # one thread: at batch 1 a model of the default target's shape gains ~7 % from a second thread (4.8
+    # against 5.2 ms/token, random weights), while two one-thread jobs side by side each keep ~95 % of their speed
     threads: 1
     resources:
         mem_mb=8000,

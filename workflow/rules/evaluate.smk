@@ -4,7 +4,7 @@ rule evaluate:
         f"{DATA}/tasks/{{task}}/{DECODE_SPLIT}.jsonl",
         rows=expand(f"{REPORTS}/decode/{{{{pair}}}}/{{{{task}}}}/{{run}}.jsonl", run=RUNS),
         summaries=expand(f"{REPORTS}/decode/{{{{pair}}}}/{{{{task}}}}/{{run}}.json", run=RUNS),
-        models=lambda w: pair_models(w.pair, ["target"]),
+        models=lambda w: pair_models(w.pair, ["target"]),  # its tokenizer (the decode scored the outputs)
     output:
         expand(f"{REPORTS}/eval/{{{{pair}}}}/{{{{task}}}}/{{run}}.json", run=RUNS),
     params:
