@@ -19,6 +19,7 @@ from viasd.decoding.routing import RoutingMask
 from viasd.search.calibration import CalibrationError, load_calibration
 from viasd.search.cost import kl, position_costs
 from viasd.search.dimr import MaskCost, SearchError, top_k_mask
+from viasd.search.pass_cost import cost_per_token, costs_from_json
 from viasd.search.thresholds import POLICY_KEYS, InfeasibleError
 from viasd.stages.dimr_stage import run_dimr_stage
 from viasd.stages.paths import mask_paths, threshold_paths
@@ -178,16 +179,17 @@ def test_thresholds_stage_and_infeasible_constraint(study, tmp_path):
     # one measurement of the per-pass costs (in the DIMR mask's search), shared by the other slims' searches
     # ... per runner layout `name:layers` (a full pass and a pass after the shared trunk cost differently),
     # where they cover the slim's layouts
-    main_cost = results["main"]["pass_cost_s"]
+    main_cost = results["main"]["pass_cost_model"]
     assert {"draft:1", "target:4"} <= set(main_cost)  # tiers off: the unshared full model
-    assert all(r["signature"]["pass_cost_s"] == main_cost for s, r in results.items() if s != "main")
-    independent = results["independent"]["pass_cost_s"]
+    assert all(r["signature"]["pass_cost_model"] == main_cost for s, r in results.items() if s != "main")
+    independent = results["independent"]["pass_cost_model"]
     # the 2-layer independent model shares main's costs only if main's slim is an unshared 2-layer pass too
     assert "slim:2" in independent and (independent == main_cost) == ("slim:2" in main_cost)
-    for r in results.values():  # the cost model over the best trial's pass counts
-        per, cost = r["dev"]["passes_per_token"], r["pass_cost_s"]
-        assert set(per) <= set(cost)
-        assert r["dev"]["cost_per_token"] == pytest.approx(sum(per[k] * cost[k] for k in per))
+    for r in results.values():  # the cost model over the best trial's decoding passes, priced by layout and width
+        cost, per = r["pass_cost_model"], r["dev"]["pass_widths_per_token"]
+        assert {k.rpartition("@")[0] for k in per} <= set(cost)
+        assert all(c["per_pass"] >= 0 and c["per_token"] >= 0 for c in cost.values())
+        assert r["dev"]["cost_per_token"] == pytest.approx(cost_per_token(per, costs_from_json(cost)))
     # the other slims' searches are shorter (thresholds.ablation_trials), start from the main search's
     # cheapest feasible tiered policies, and reuse its tiers-off (SD) points instead of decoding them again
     assert results["main"]["trials"] == 4 and results["mask_random"]["trials"] == 3
@@ -296,14 +298,14 @@ def test_killed_threshold_search_resumes(study, tmp_path):
     before = {t.number: t.params for t in _complete(storage, "thresholds-smoke-humaneval-main")}
     assert 3 <= len(before) < 14 and not paths["json"].exists()
     killed_costs = optuna.load_study(study_name=optuna.get_all_study_names(storage)[0], storage=storage).user_attrs[
-        "pass_cost_s"]
+        "pass_cost_model"]
     result = run_thresholds_stage(resumed, progress=False, slims=["main"])["main"]
     after = _complete(storage, "thresholds-smoke-humaneval-main")
     # the resumed search costs its trials with the per-pass costs the killed one measured
-    assert result["pass_cost_s"] == killed_costs
-    for t in after:
-        per = t.user_attrs["passes_per_token"]
-        assert t.value == pytest.approx(sum(per[k] * killed_costs[k] for k in per))  # per runner layout
+    assert result["pass_cost_model"] == killed_costs
+    costs = costs_from_json(killed_costs)
+    for t in after:  # per runner layout and width
+        assert t.value == pytest.approx(cost_per_token(t.user_attrs["pass_widths_per_token"], costs))
     assert len(after) == result["trials"] == 14
     assert all(t.params == before[t.number] for t in after if t.number in before)
 

@@ -218,7 +218,7 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
         assert q["fidelity"] == 1.0 and q["task_metric"] == "chrf" and q["task_drop"] == 0.0
     assert 0 <= result["methods"]["viasd"]["quality"]["fidelity"] <= 1
     assert {"viasd_vs_sd_model", "sd_vs_ar_model"} <= set(result["ratios_model"])
-    assert {"draft:1", "target:4"} <= set(result["pass_cost_by_layout_s"])  # sd's full passes of the 4-layer target
+    assert {"draft:1", "target:4"} <= set(result["pass_cost_model"])  # sd's full passes of the 4-layer target
 
     # the GPU setting's dtype runs on the CPU too (same code path: cast weights, float32 logits)
     assert main(["bench", *base, "--prompts", "2", "--repeats", "1", "--max-new-tokens", "12", "--gamma", "3",
@@ -331,3 +331,28 @@ def test_early_exit_and_depth_shaped_layer_drop_train_and_are_recorded(study, tm
     report = json.loads((out / "training.json").read_text())
     assert (report["layer_drop_shape"], report["early_exit"]) == ("exp", 0.5)
     assert math.isfinite(report["test_nll"]) and report["loss_curve"][-1] < report["loss_curve"][0]
+
+
+def test_a_fixed_exit_layer_reads_the_layers_below_it_that_the_step_kept():
+    from viasd.training.train import exit_point
+
+    assert exit_point([0, 1, 2, 3, 4, 5, 6, 7], 0, 0, "target", layer=6) == 6  # hidden_states[6]: after layer 5
+    assert exit_point([0, 2, 5, 6, 9], 0, 0, "target", layer=6) == 3  # layers 0, 2, 5 kept below 6
+    assert exit_point([0, 1, 3], 0, 0, "target", layer=6) is None  # the whole view: its own final output
+    drawn = {exit_point([0, 1, 2, 3], s, 0, "target") for s in range(40)}
+    assert drawn == {1, 2, 3}
+
+
+def test_an_exit_distilled_from_the_full_model_trains_and_is_recorded(study, tmp_path):
+    _, params = study
+    arch = {**TINY, "layers": 4, "train_tokens": 8000, "layer_drop": 0.5, "layer_drop_shape": "exp",
+            "early_exit": 0.5, "early_exit_layer": 2, "early_exit_loss": "full"}
+    fresh = config.load(smoke_params(tmp_path, {"models": {"dir": "models-ee", "families": {"smoke": {"target": arch}}},
+                                                "data": {"dir": str(params.data.dir)}}))
+    out = train_model(fresh, "target", progress=False)
+    report = json.loads((out / "training.json").read_text())
+    assert (report["early_exit_layer"], report["early_exit_loss"]) == (2, "full")
+    assert math.isfinite(report["test_nll"]) and report["loss_curve"][-1] < report["loss_curve"][0]
+    bad = {**arch, "early_exit_layer": 4}
+    with pytest.raises(config.ConfigError, match="early_exit_layer: 4 is not below the model's 4 layers"):
+        config.load(smoke_params(tmp_path, {"models": {"families": {"smoke": {"target": bad}}}}))

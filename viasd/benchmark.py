@@ -38,6 +38,7 @@ from .decoding.seq2seq import is_encoder_decoder
 from .decoding.stats import DecodeStats
 from .errors import BenchError
 from .models import ModelSet
+from .search.pass_cost import cost_per_token, costs_to_json, fit_pass_costs, widths_per_token
 
 log = logging.getLogger(__name__)
 
@@ -307,18 +308,11 @@ def summarise(methods, seconds, n_tokens, stats, counts, memory) -> dict:
               "hf_assisted_vs_hf_ar": ratio(best_hf_assisted, "hf_ar") if best_hf_assisted else None}
     efficiency = {}
     ar = stats.get("ar")
-    # the cost model's ratios beside the measured ones: each method's pass counts at per-pass costs pooled
-    # over every method that ran that runner layout (`DecodeStats.layouts`), so that the prediction compares
-    # pass counts, not one round's timing noise; e.g. viasd_vs_sd_model = T_sd / T_viasd
-    pooled_time: dict[str, float] = {}
-    pooled_passes: dict[str, int] = {}
-    for st in stats.values():
-        for m, key in st.layouts().items():
-            pooled_time[key] = pooled_time.get(key, 0.0) + st.time_s[m]
-            pooled_passes[key] = pooled_passes.get(key, 0) + st.passes[m]
-    unit = {key: pooled_time[key] / pooled_passes[key] for key in pooled_time}
-    model_time = {n: sum(st.passes[m] * unit[key] for m, key in st.layouts().items()) / max(st.new_tokens, 1)
-                  for n, st in stats.items()}
+    # the cost model's ratios beside the measured ones: each method's decoding passes priced by per-layout,
+    # per-width costs (`search.pass_cost`) fitted on every method that ran that runner layout, so that the
+    # prediction compares passes, not one round's timing noise; e.g. viasd_vs_sd_model = T_sd / T_viasd
+    unit = fit_pass_costs(stats.values())
+    model_time = {n: cost_per_token(widths_per_token(st), unit) for n, st in stats.items()}
     ratios_model = {f"{a}_vs_{b}_model": model_time[b] / model_time[a]
                     for a, b in (("viasd", "sd"), ("viasd", "spec_cascade"), ("sd", "ar"), ("viasd", "ar"))
                     if a in model_time and b in model_time and model_time[a]}
@@ -334,7 +328,7 @@ def summarise(methods, seconds, n_tokens, stats, counts, memory) -> dict:
                     entry["ideal_speedup_closed_form"] = _closed_form(stats[name], step)
                 efficiency[name] = entry
     return {"methods": per, "ratios": {k: v for k, v in ratios.items() if v is not None}, "efficiency": efficiency,
-            "ratios_model": ratios_model, "pass_cost_by_layout_s": unit, "best_hf_assisted": best_hf_assisted}
+            "ratios_model": ratios_model, "pass_cost_model": costs_to_json(unit), "best_hf_assisted": best_hf_assisted}
 
 
 def _closed_form(s: DecodeStats, step: float) -> float | None:

@@ -80,6 +80,10 @@ def _check_semantics(raw: dict, source: str) -> None:
                                   f"divisible by heads {arch['heads']}")
             if arch["heads"] % arch.get("kv_heads", arch["heads"]):
                 raise ConfigError(f"{source}: models.families.{name}.{role}.kv_heads must divide heads")
+            exit_layer = arch.get("early_exit_layer")
+            if exit_layer is not None and exit_layer >= arch["layers"]:
+                raise ConfigError(f"{source}: models.families.{name}.{role}.early_exit_layer: {exit_layer} is not "
+                                  f"below the model's {arch['layers']} layers (the exit reads layers 0..n-1)")
     for task in raw["tasks"]:
         if task not in KNOWN_TASKS:
             raise ConfigError(f"{source}: tasks.{task}: unknown task; known tasks: {', '.join(KNOWN_TASKS)}")
@@ -127,6 +131,8 @@ class ModelArch:
     layer_drop: float = 0.0          # LayerDrop rate (of the last layer when the shape rises with depth)
     layer_drop_shape: str = "uniform"  # uniform | linear | exp: how the rate rises with depth (layer 0 is kept)
     early_exit: float = 0.0          # weight of the early-exit loss (the LM head on an intermediate layer)
+    early_exit_layer: int | None = None  # exit after the target's layers 0..n-1 (None: a kept layer drawn per step)
+    early_exit_loss: str = "labels"  # labels (LayerSkip) | full: the exit learns the full model's distribution
     self_distill: float = 0.0        # weight of the sub-network's KL to the full model (with layer_drop)
     distill: bool = False
 

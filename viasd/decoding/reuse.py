@@ -191,10 +191,9 @@ class TrunkRunner(ModelRunner):
         self.hidden[:, self.cached : upto] = h
         if self._sync:
             torch.cuda.synchronize(self.device)
-        self.seconds += time.perf_counter() - start
+        self.record(upto - self.cached, time.perf_counter() - start, prefill=self.cached == 0)
         self.tokens += upto - self.cached
         self._fed_since_trim += upto - self.cached
-        self.passes += 1
         self.cached = upto
 
     def forward(self, ids, upto, n_logits):  # the trunk has no head
@@ -232,6 +231,7 @@ class ExitRunner(ModelRunner):
         self.cache = None
         self.cached = self.passes = self.tokens = 0
         self.seconds = 0.0
+        self.widths = {}
         self.layers = 0
 
     def start(self) -> None:
@@ -252,8 +252,8 @@ class ExitRunner(ModelRunner):
         logits = logits[0, :, : self.vocab_size].float()
         if self._sync:
             torch.cuda.synchronize(self.device)
-        self.seconds += time.perf_counter() - start
+        # its cost follows the rows the head computes, not the positions the trunk advanced over
+        self.record(n_logits, time.perf_counter() - start, prefill=self.cached == 0)
         self.tokens += upto - self.cached
         self.cached = upto
-        self.passes += 1
         return logits

@@ -36,6 +36,7 @@ class ModelRunner:
         self.passes = 0
         self.tokens = 0
         self.seconds = 0.0
+        self.widths: dict[int | str, list] = {}  # `record`: width -> [passes, seconds]; "prefill" for passes from an empty cache
         self._trim = False
         config = text_config(model)
         self.layers = decoder_depth(config) or 0  # decoder layers a pass runs
@@ -68,12 +69,20 @@ class ModelRunner:
         logits = out.logits[0, -n_logits:, : self.vocab_size].float()
         if self._sync:
             torch.cuda.synchronize(self.device)
-        self.seconds += time.perf_counter() - start
+        self.record(count, time.perf_counter() - start, prefill=self.cached == 0)
         self.cached = upto
         self._fed_since_trim += count
-        self.passes += 1
         self.tokens += count
         return logits
+
+    def record(self, width: int, seconds: float, prefill: bool) -> None:
+        """Count one pass of `width` tokens (rows, for a head) that took `seconds`: a pass from an empty
+        cache (the prompt's prefill) is kept apart, since the cost model prices the decoding passes."""
+        entry = self.widths.setdefault("prefill" if prefill else width, [0, 0.0])
+        entry[0] += 1
+        entry[1] += seconds
+        self.passes += 1
+        self.seconds += seconds
 
     def _inputs(self, ids: torch.Tensor, upto: int) -> dict:
         """What the model is fed for positions `cached..upto-1`: their token ids (an encoder-decoder model:

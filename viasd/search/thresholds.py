@@ -2,10 +2,11 @@
 
 Searched: `gamma`, the score (tier 1) with a `tau_accept` range that suits it (a likelihood ratio on a
 log scale, a probability on [0, 1]), the confidence (tier 2) and `tau_slim`, the draft gate (tier 0),
-`max_lag` and `verify_lagged`. Objective: cost per generated token under the cost model
-`(draft passes * c_p + slim passes * c_s + full passes * c_q) / tokens`, with per-pass costs `c`
-measured on this machine for each runner layout (with reuse, the shared trunk and the two rests); the
-measured wall time per token is recorded beside it. Constraints
+`max_lag` and `verify_lagged`. Objective: cost per generated token under the cost model, the sum over
+the decoding passes of `c_layout(width)` per token (`search.pass_cost`: draft, slim and full passes,
+with reuse the shared trunk and the two rests, each priced by the tokens it feeds), the costs fitted
+on probe decodes at every searched gamma on this machine; the measured wall time per token is recorded
+beside it. Constraints
 (`metrics.quality.QualityConstraints`): fidelity, the task metric's drop against `ar` on the same
 prompts, optionally agreement.
 
@@ -28,6 +29,8 @@ from ..metrics.model_metrics import agreement, pooled, score_outputs
 from ..metrics.quality import QualityConstraints, main_metric, task_drop
 from ..models import ModelSet
 from ..tasks.base import Example, TaskSpec
+from .pass_cost import (PassCost, cost_per_token, costs_from_json, costs_to_json, fit_pass_costs, missing_layouts,
+                        widths_per_token)
 
 log = logging.getLogger(__name__)
 
@@ -81,15 +84,16 @@ class DevSet:
     """Dev prompts with the target's greedy outputs and their task score, computed once, and the cost
     model's per-pass costs.
 
-    `pass_cost` is keyed by runner *layout*, `name:layers` (`cost_key`): a full-model pass (`target:12`)
+    `pass_cost` is keyed by runner *layout*, `name:layers` (`cost_keys`): a full-model pass (`target:12`)
     costs more than the full model's rest after a shared trunk (`target:11` beside `trunk:1`, reuse),
-    so tiers-off (SD) blocks and tiered blocks are each costed as they run. Costs measured elsewhere are
-    used as given when they cover this slim's layouts: searches for several slim verifiers of the same
-    layout then differ by their pass counts, not by timing noise. Otherwise (or without them)
-    `measure_pass_cost` times them here (once, on first need)."""
+    so tiers-off (SD) blocks and tiered blocks are each costed as they run, and each layout's cost is a
+    function of the pass's width (`PassCost`). Costs measured elsewhere are used as given when they
+    cover this slim's layouts: searches for several slim verifiers of the same layout then differ by
+    their pass counts, not by timing noise. Otherwise (or without them) `measure_pass_cost` fits them
+    here (once, on first need)."""
 
     def __init__(self, models: ModelSet, examples: list[Example], max_new_tokens: int, stop_strings=(),
-                 pass_cost: dict[str, float] | None = None, task: TaskSpec | None = None, engine: dict | None = None,
+                 pass_cost: dict[str, PassCost] | None = None, task: TaskSpec | None = None, engine: dict | None = None,
                  shared: SharedDev | None = None):
         self.models = models
         self.examples = examples
@@ -129,15 +133,16 @@ class DevSet:
 
         return metric_score(self.task, self.metric, self.examples, texts)
 
-    def measure_pass_cost(self) -> dict[str, float]:
-        """Seconds per pass of each runner layout (`cost_key`), from the probe decodes of the first two prompts."""
-        cost = {}
-        for probe in self._probes():
-            stats = DecodeStats.merge([self.models.generate(p, probe).stats for p in self.prompts[:2]])
-            for m, key in cost_keys(stats).items():
-                cost[key] = stats.time_s[m] / stats.passes[m]
-        self.pass_cost = cost
-        return cost
+    def measure_pass_cost(self, gammas=(2, 3, 4, 6)) -> dict[str, PassCost]:
+        """Each runner layout's `PassCost`, fitted on the decoding passes of the probe decodes of the first
+        two prompts at every gamma of `gammas` (so every block width a searched policy runs is measured),
+        after one warm-up decode that is not counted (first calls allocate and pick kernels)."""
+        probes = self._probes()
+        self.models.generate(self.prompts[0], probes[0])
+        runs = [self.models.generate(p, replace(probe, gamma=g)).stats
+                for g in gammas for probe in probes for p in self.prompts[:2]]
+        self.pass_cost = fit_pass_costs(runs)
+        return self.pass_cost
 
     def evaluate(self, policy: DecodePolicy, min_fidelity: float | None = None) -> dict:
         """Decode every dev prompt with `policy`: cost (model and wall) and the three quality measures.
@@ -167,10 +172,11 @@ class DevSet:
         scores = pooled(row_scores)
         score = None if pruned else self.task_score([r.text for r in results])
         keys = cost_keys(stats)
-        missing = set(keys.values()) - set(self.pass_cost)
+        missing = missing_layouts(stats, self.pass_cost)
         if missing:
             raise ViasdError(f"no measured per-pass cost for runner layout(s) {sorted(missing)} (have {sorted(self.pass_cost)})")
-        modeled = sum(stats.passes[m] * self.pass_cost[k] for m, k in keys.items()) / tokens
+        widths = widths_per_token(stats)
+        modeled = cost_per_token(widths, self.pass_cost)
         return {"cost_per_token": modeled, "wall_per_token": stats.wall_time_s / tokens,
                 "fidelity": scores["fidelity"], "nll": scores["nll"], "agreement": agree,
                 "task_metric": self.metric, "task_score": score, "task_score_ar": self.ar_task,
@@ -182,12 +188,13 @@ class DevSet:
                 "position_pass_rates": stats.position_pass_rates(),
                 "lagged_rolled_back": stats.lagged_rolled_back,
                 "passes_per_token": {k: stats.passes[m] / tokens for m, k in keys.items()},
+                "pass_widths_per_token": widths,
                 "speedup_model_vs_ar": (self.full_pass_cost() / modeled) if modeled else None}
 
     def full_pass_cost(self) -> float:
-        """Seconds of one unshared full-model pass (the ar step the cost model compares with)."""
+        """Seconds of one unshared one-token full-model pass (the ar step the cost model compares with)."""
         full = max((k for k in self.pass_cost if k.startswith("target:")), key=lambda k: int(k.split(":")[1]))
-        return self.pass_cost[full]
+        return self.pass_cost[full](1)
 
 
 def suggest_policy(trial, base: DecodePolicy, cfg: ThresholdConfig) -> DecodePolicy:
@@ -231,7 +238,8 @@ def tiers_off_points(dev: DevSet, cfg: ThresholdConfig, study) -> list[dict]:
     if "tiers_off_points" in study.user_attrs:
         return [{**p, "tau_accept": OFF, "tau_slim": OFF} for p in study.user_attrs["tiers_off_points"]]
     shared = dev.shared
-    if shared.tiers_off is not None and all(k in dev.pass_cost for p in shared.tiers_off for k in p["passes_per_token"]):
+    if shared.tiers_off is not None and all(k.rpartition("@")[0] in dev.pass_cost
+                                            for p in shared.tiers_off for k in p["pass_widths_per_token"]):
         # the same SD decodes (no slim runs in them), costed with this search's per-pass costs
         points = [_recosted(p, dev) for p in shared.tiers_off]
         points = [{**p, "violations": cfg.quality.violations(p)} for p in points]
@@ -251,8 +259,8 @@ def tiers_off_points(dev: DevSet, cfg: ThresholdConfig, study) -> list[dict]:
 
 
 def _recosted(point: dict, dev: DevSet) -> dict:
-    """A measured point's cost under `dev`'s per-pass costs (its pass counts are the same)."""
-    cost = sum(n * dev.pass_cost[k] for k, n in point["passes_per_token"].items())
+    """A measured point's cost under `dev`'s per-pass costs (its passes are the same)."""
+    cost = cost_per_token(point["pass_widths_per_token"], dev.pass_cost)
     return {**point, "cost_per_token": cost, "speedup_model_vs_ar": dev.full_pass_cost() / cost if cost else None}
 
 
@@ -283,10 +291,11 @@ def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage: str, study_name:
     study = optuna.create_study(storage=storage, study_name=study_name, direction="minimize", load_if_exists=True)
     # the cost model's per-pass costs belong to the study: measured (or shared) when it starts and read back
     # when it resumes, so every trial's objective uses the same costs
-    if "pass_cost_s" in study.user_attrs:
-        dev.pass_cost = dict(study.user_attrs["pass_cost_s"])
+    stored = costs_from_json(study.user_attrs.get("pass_cost_model"))
+    if stored is not None:
+        dev.pass_cost = stored
     else:
-        study.set_user_attr("pass_cost_s", dev.pass_cost or dev.measure_pass_cost())
+        study.set_user_attr("pass_cost_model", costs_to_json(dev.pass_cost or dev.measure_pass_cost(cfg.gamma)))
     sd_points = tiers_off_points(dev, cfg, study)
     complete = optuna.trial.TrialState.COMPLETE
     done = [t for t in study.trials if t.state == complete]
@@ -311,7 +320,7 @@ def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage: str, study_name:
     bar.close()
     trials = [{"number": t.number, "tiers_off": False, **t.user_attrs} for t in done]
     for t in trials:
-        t.pop("pass_cost_s", None)
+        t.pop("pass_cost_model", None)
     candidates = sd_points + trials
     feasible = [t for t in candidates if t["feasible"]]
     if not feasible:

@@ -25,6 +25,7 @@ from ..config import Pair, Params
 from ..io import write_json, write_jsonl, write_text
 from ..metrics.quality import QualityConstraints
 from ..search.plots import speed_quality
+from ..search.pass_cost import PassCost, costs_from_json, costs_to_json
 from ..search.thresholds import POLICY_KEYS, DevSet, ThresholdConfig, tune_thresholds
 from ..tasks import get_task, load_examples
 from .dimr_stage import optuna_storage, study_name
@@ -68,7 +69,7 @@ def run_thresholds_stage(params: Params, task: str | None = None, progress: bool
     common: dict = {}
     if "main" in slims:
         results["main"] = tune_slim(params, pair, task, "main", progress, common=common)
-    shared = results["main"]["pass_cost_s"] if "main" in results else None
+    shared = costs_from_json(results["main"]["pass_cost_model"]) if "main" in results else None
     warm = warm_start_points(params, pair.name, task)
     main_mask = slim_description(params, pair.name, slim_spec("main"))
     for slim in slims:
@@ -109,9 +110,9 @@ def warm_start_points(params: Params, pair: str, task: str, k: int = WARM_START)
 
 
 def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool = True,
-              pass_cost: dict[str, float] | None = None, common: dict | None = None,
+              pass_cost: dict[str, PassCost] | None = None, common: dict | None = None,
               warm_start: list[dict] = ()) -> dict:
-    """One slim's search; `pass_cost` shares per-pass costs (per runner layout) measured in another search
+    """One slim's search; `pass_cost` shares per-pass costs (per runner layout and width) fitted in another search
     (None, or costs that miss one of this slim's layouts: measure); `common` carries the `SharedDev` of
     the first search to the next; `warm_start`: policies tried first (an ablation slim's search)."""
     section = params.raw.get("thresholds", {})
@@ -126,7 +127,7 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     signature = {"config": asdict(cfg), "engine": engine, "task": task, "dev_prompts": section.get("dev_prompts"),
                  "slim": slim, "mask": slim_description(params, pair.name, spec)}
     if pass_cost is not None:
-        signature["pass_cost_s"] = pass_cost
+        signature["pass_cost_model"] = costs_to_json(pass_cost)
     signature = json.loads(json.dumps(signature))  # as it reads back from the file
     if paths["json"].exists() and json.loads(paths["json"].read_text()).get("signature") == signature:
         log.info("thresholds %s are up to date; nothing to do", paths["json"])
@@ -147,7 +148,8 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     best = out["best"]
     dev_keys = ("cost_per_token", "wall_per_token", "fidelity", "nll", "agreement", "task_metric", "task_score",
                 "task_score_ar", "task_drop", "rejection_rate", "acceptance_rate", "block_escalation_rate",
-                "gated_rate", "full_passes_per_token", "position_pass_rates", "passes_per_token", "speedup_model_vs_ar")
+                "gated_rate", "full_passes_per_token", "position_pass_rates", "passes_per_token", "pass_widths_per_token",
+                "speedup_model_vs_ar")
     sd = out["sd"]
     result = {
         **{k: _json_value(best[k]) for k in POLICY_KEYS}, "tiers_off": best["tiers_off"],
@@ -156,7 +158,7 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
         "sd_same_gamma": {k: sd[k] for k in ("cost_per_token", "wall_per_token", "rejection_rate", "acceptance_rate")},
         "cost_vs_sd": best["cost_per_token"] / sd["cost_per_token"],
         "quality_constraints": asdict(cfg.quality), "trials": sum(1 for t in out["trials"] if not t["tiers_off"]),
-        "pass_cost_s": out["pass_cost"], "ar_seconds_per_token": out["ar_seconds_per_token"], "signature": signature,
+        "pass_cost_model": costs_to_json(out["pass_cost"]), "ar_seconds_per_token": out["ar_seconds_per_token"], "signature": signature,
     }
     if best["tiers_off"]:
         log.info("thresholds %s: tiers off (plain SD at gamma %d) is the cheapest policy that meets %s",

@@ -12,8 +12,11 @@ Options:
   rate; `linear` and `exp` let the rate rise with depth to `layer_drop` at the last layer (`exp` is
   LayerSkip's `D(l) = e^{l ln 2 / (L-1)} - 1`), so late layers become the skippable ones.
 - `early_exit` (LayerSkip's early-exit loss): each step also applies the final norm and LM head to the
-  residual stream after one kept layer (drawn per step) and adds `early_exit` times its loss, so the
-  intermediate representations already predict the next token.
+  residual stream after one kept layer (drawn per step, or after the target's layers
+  `0..early_exit_layer-1`) and adds `early_exit` times its loss, so the intermediate representations
+  already predict the next token. `early_exit_loss: full` makes that loss the exit's KL to the full
+  model's (detached) distribution, `KL(q_full || q_exit)`: what the slim verifier's agreement with the
+  target measures, where the labels (LayerSkip's choice) teach the data.
 - `self_distill` (in-place distillation of slimmable networks, with `layer_drop`): the full model
   learns the labels and, in the same step, a sub-network with layers dropped at the `layer_drop`
   rates learns the full model's distribution, `self_distill * KL(q_full || q_sub)`, so that routed
@@ -96,9 +99,14 @@ def kept_layers(n_layers: int, p: float, step: int, seed: int, role: str, shape:
     return [0] + [i for i in range(1, n_layers) if draws[i] >= rates[i]]
 
 
-def exit_point(n_kept: int, step: int, seed: int, role: str) -> int | None:
-    """How many kept layers the early-exit loss reads after this step (1..n_kept-1), or None when the
-    view has a single layer."""
+def exit_point(keep: list[int], step: int, seed: int, role: str, layer: int | None = None) -> int | None:
+    """How many of this step's kept layers `keep` the early-exit loss reads (1..len(keep)-1): with `layer`,
+    those of the target's layers `0..layer-1` the step kept; else a number drawn per step. None when the
+    exit would be the whole view (a single kept layer, or none kept from `layer` on)."""
+    n_kept = len(keep)
+    if layer is not None:
+        below = sum(1 for i in keep if i < layer)
+        return below if 0 < below < n_kept else None
     if n_kept < 2:
         return None
     g = _step_generator(seed, role + ":exit", step)
@@ -196,7 +204,7 @@ def train_model(params: Params, role: str, progress: bool = True, stop_after: in
                 sub = view  # the full model learns the labels, the sub-network the full model
             else:
                 keep, forward = drawn, view
-        exit_at = exit_point(len(keep), step, params.seed, role) if arch.early_exit > 0 else None
+        exit_at = exit_point(keep, step, params.seed, role, arch.early_exit_layer) if arch.early_exit > 0 else None
         out = forward(input_ids=inputs, use_cache=False, output_hidden_states=exit_at is not None)
         target_logp = None
         if teacher is not None:
@@ -209,7 +217,11 @@ def train_model(params: Params, role: str, progress: bool = True, stop_after: in
             # already carries the final norm, intermediate ones do not
             hidden = out.hidden_states[exit_at]
             exit_logits = model.get_output_embeddings()(model.get_decoder().norm(hidden))
-            loss = loss + arch.early_exit * _loss(exit_logits, labels, target_logp, tp.distill_temperature)
+            if arch.early_exit_loss == "full":  # the exit learns the full model's distribution, KL(q_full || q_exit)
+                exit_loss = _loss(exit_logits, labels, F.log_softmax(out.logits.detach().float(), -1), 1.0)
+            else:
+                exit_loss = _loss(exit_logits, labels, target_logp, tp.distill_temperature)
+            loss = loss + arch.early_exit * exit_loss
         if sub is not None:
             # in-place distillation (slimmable networks): KL(q_full || q_sub), q_full held fixed
             full_logp = F.log_softmax(out.logits.detach().float(), -1)
@@ -247,6 +259,7 @@ def train_model(params: Params, role: str, progress: bool = True, stop_after: in
             "final_loss": float(np.mean(losses[-20:])), "loss_curve": losses[:: max(1, len(losses) // 200)],
             "test_nll": round(nll, 4), "test_perplexity": round(ppl, 3), "layer_drop": arch.layer_drop,
             "layer_drop_shape": arch.layer_drop_shape, "early_exit": arch.early_exit,
+            "early_exit_layer": arch.early_exit_layer, "early_exit_loss": arch.early_exit_loss,
             "self_distill": arch.self_distill,
             "distilled": teacher is not None, "seed": params.seed,
         })
