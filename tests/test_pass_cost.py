@@ -3,8 +3,15 @@
 import pytest
 
 from viasd.decoding.stats import DecodeStats
-from viasd.search.pass_cost import (PassCost, cost_per_token, costs_from_json, costs_to_json, fit_pass_costs,
-                                    missing_layouts, widths_per_token)
+from viasd.search.pass_cost import (
+    PassCost,
+    cost_per_token,
+    costs_from_json,
+    costs_to_json,
+    fit_pass_costs,
+    missing_layouts,
+    widths_per_token,
+)
 
 
 def stats_with(passes: dict[str, tuple[int, float]], new_tokens: int = 10) -> DecodeStats:

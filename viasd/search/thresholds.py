@@ -29,8 +29,7 @@ from ..metrics.model_metrics import agreement, pooled, score_outputs
 from ..metrics.quality import QualityConstraints, main_metric, task_drop
 from ..models import ModelSet
 from ..tasks.base import Example, TaskSpec
-from .pass_cost import (PassCost, cost_per_token, costs_from_json, costs_to_json, fit_pass_costs, missing_layouts,
-                        widths_per_token)
+from .pass_cost import PassCost, cost_per_token, costs_from_json, costs_to_json, fit_pass_costs, missing_layouts, widths_per_token
 
 log = logging.getLogger(__name__)
 

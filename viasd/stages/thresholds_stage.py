@@ -24,8 +24,8 @@ from dataclasses import asdict, replace
 from ..config import Pair, Params
 from ..io import write_json, write_jsonl, write_text
 from ..metrics.quality import QualityConstraints
-from ..search.plots import speed_quality
 from ..search.pass_cost import PassCost, costs_from_json, costs_to_json
+from ..search.plots import speed_quality
 from ..search.thresholds import POLICY_KEYS, DevSet, ThresholdConfig, tune_thresholds
 from ..tasks import get_task, load_examples
 from .dimr_stage import optuna_storage, study_name
@@ -158,7 +158,8 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
         "sd_same_gamma": {k: sd[k] for k in ("cost_per_token", "wall_per_token", "rejection_rate", "acceptance_rate")},
         "cost_vs_sd": best["cost_per_token"] / sd["cost_per_token"],
         "quality_constraints": asdict(cfg.quality), "trials": sum(1 for t in out["trials"] if not t["tiers_off"]),
-        "pass_cost_model": costs_to_json(out["pass_cost"]), "ar_seconds_per_token": out["ar_seconds_per_token"], "signature": signature,
+        "pass_cost_model": costs_to_json(out["pass_cost"]), "ar_seconds_per_token": out["ar_seconds_per_token"],
+        "signature": signature,
     }
     if best["tiers_off"]:
         log.info("thresholds %s: tiers off (plain SD at gamma %d) is the cheapest policy that meets %s",
