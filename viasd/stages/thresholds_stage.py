@@ -34,6 +34,10 @@ from .slims import load_run_models, mask_file, slim_description, slim_spec, slim
 
 log = logging.getLogger(__name__)
 
+# the cost model's version, part of a search's signature: a search costed under another model (v1: one
+# cost per runner layout, prefill averaged in) is not resumed or reused but run again
+COST_MODEL = "v2: per layout and width, prefill excluded"
+
 # keys of the `thresholds` section that are not search settings
 NOT_SEARCHED = ("task", "dev_prompts", "per_slim", "ablation_trials")
 WARM_START = 4  # an ablation slim's search first tries the DIMR slim's cheapest feasible tiered policies
@@ -125,7 +129,7 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
 
     engine = engine_options(params)
     signature = {"config": asdict(cfg), "engine": engine, "task": task, "dev_prompts": section.get("dev_prompts"),
-                 "slim": slim, "mask": slim_description(params, pair.name, spec)}
+                 "slim": slim, "mask": slim_description(params, pair.name, spec), "cost_model": COST_MODEL}
     if pass_cost is not None:
         signature["pass_cost_model"] = costs_to_json(pass_cost)
     signature = json.loads(json.dumps(signature))  # as it reads back from the file
