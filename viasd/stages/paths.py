@@ -100,6 +100,7 @@ def report_paths(params: Params) -> dict:
             out[f"{key}-slims.md"] = base / "tables" / f"{key}-slims.md"
             out[f"{key}-slims.csv"] = base / "tables" / f"{key}-slims.csv"
             out[f"{key}-positions.md"] = base / "tables" / f"{key}-positions.md"
+            out[f"{key}-pass-costs.md"] = base / "tables" / f"{key}-pass-costs.md"
     for pair in params.study["pairs"]:
         out[f"{pair}-family.md"] = base / "tables" / f"{pair}-family.md"
         out[f"{pair}-family.csv"] = base / "tables" / f"{pair}-family.csv"

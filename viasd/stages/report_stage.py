@@ -5,6 +5,8 @@ Outputs under reports/:
                                          accepted length, speedup vs ar, full passes per token, quality
   plots/<pair>-<task>-frontier.png       speedup vs each quality measure (fidelity, task metric, agreement)
   tables/<pair>-<task>-positions.md      VIA-SD runs: per block position, the share the slim tiers settled
+  tables/<pair>-<task>-pass-costs.md     the cost model the threshold search used: per runner layout, its pass
+                                         cost fitted as per_pass + per_token x width, and at the searched widths
   plots/<pair>-<task>-tiers.png          how verified positions were settled, per run
   tables/<pair>-<task>-slims.md, .csv    the slim verifiers on the dev split, each with the thresholds
                                          tuned for it under the same quality constraint (DIMR vs baselines
@@ -212,6 +214,30 @@ def position_table(evals: list[dict]) -> str:
                             ("escalated", "escalated")])
 
 
+def pass_cost_table(params: Params, pair: str, task: str) -> str:
+    """The DIMR slim's search's cost model: per runner layout (`draft:1`, `target:12` a full pass, `trunk:k`,
+    `target:L-k` and `slim:0` the passes split by reuse), the fitted `per_pass` and `per_token` and the
+    cost of a pass at each searched block width (gamma + 1 tokens), in ms; the last column divides a
+    layout's cost at the tuned gamma by the full pass's at the same width."""
+    tuned = json.loads(threshold_paths(params, task, pair, "main")["json"].read_text())
+    costs = tuned.get("pass_cost_model") or {}
+    gammas = tuned["signature"]["config"]["gamma"]
+    full = max((k for k in costs if k.startswith("target:")), key=lambda k: int(k.split(":")[1]), default=None)
+
+    def at(c: dict, w: int) -> float:
+        return c["per_pass"] + c["per_token"] * w
+
+    rows = []
+    for layout, c in sorted(costs.items(), key=lambda kv: -at(kv[1], 1)):
+        w = tuned["gamma"] + 1
+        rows.append({"layout": layout, "per_pass": 1000 * c["per_pass"], "per_token": 1000 * c["per_token"],
+                     **{f"w{g + 1}": 1000 * at(c, g + 1) for g in gammas},
+                     "vs_full": at(c, w) / at(costs[full], w) if full else None})
+    return markdown(rows, [("layout", "runner layout"), ("per_pass", "ms per pass"), ("per_token", "ms per token fed"),
+                           *((f"w{g + 1}", f"{g + 1} tokens (γ {g}), ms") for g in gammas),
+                           ("vs_full", f"vs a full pass at γ {tuned['gamma']}")])
+
+
 def run_report_stage(params: Params) -> dict:
     from ..tasks import get_task
 
@@ -244,6 +270,8 @@ def run_report_stage(params: Params) -> dict:
         write_text(paths[f"{key}-positions.md"], f"# {pair} on {task}: slim-tier pass rate by block position\n\n"
                                                  f"{positions}")
         tier_breakdown(evals, paths[f"{key}-tiers"], f"{pair} on {task}: how verified positions were settled")
+        costs = pass_cost_table(params, pair, task)
+        write_text(paths[f"{key}-pass-costs.md"], f"# {pair} on {task}: the cost model's pass costs\n\n{costs}")
         slims = slim_rows(params, pair, task)
         slims_md = slim_table(slims)
         write_text(paths[f"{key}-slims.md"], f"# {pair} on {task}: slim verifiers on the dev split\n\n{slims_md}")
@@ -261,7 +289,10 @@ def run_report_stage(params: Params) -> dict:
                     positions,
                     f"Slim verifiers on the dev split, each with thresholds tuned for it ({bounds}; tiers off = plain "
                     "SD is always a candidate); cost/token is the cost model (draft, slim and full passes at "
-                    "per-pass costs measured once, in the DIMR mask's search, and shared):\n", slims_md]
+                    "per-pass costs measured once, in the DIMR mask's search, and shared):\n", slims_md,
+                    "The cost model's pass costs (fitted per runner layout on probe decodes at every searched γ, "
+                    "the prompt's prefill left out; `target:12` is a full pass, `trunk:k` and `target:L-k` a pass "
+                    "split by reuse, `slim:0` the early exit's head):\n", costs]
         headline.setdefault(pair, {})[task] = {
             e["run"]: {"speedup_vs_ar": e.get("speedup_vs_ar"), "rejection_rate": e.get("rejection_rate"),
                        **{k: e["quality"].get(k) for k in QUALITY_FIRST}} for e in evals}
