@@ -24,9 +24,9 @@ def stats_with(passes: dict[str, tuple[int, float]], new_tokens: int = 10) -> De
 
 def test_fit_recovers_a_linear_cost_and_ignores_the_prefill():
     a, b = 0.004, 0.0005
-    runs = [stats_with({f"target:12@{w}": (n, n * (a + b * w)) for w, n in ((2, 5), (3, 7))}),
-            stats_with({"target:12@5": (4, 4 * (a + b * 5)), "target:12@prefill": (1, 0.5),
-                        "draft:1@1": (20, 20 * 0.0004)})]
+    runs = [stats_with({f"target:12/{w}": (n, n * (a + b * w)) for w, n in ((2, 5), (3, 7))}),
+            stats_with({"target:12/5": (4, 4 * (a + b * 5)), "target:12/prefill": (1, 0.5),
+                        "draft:1/1": (20, 20 * 0.0004)})]
     costs = fit_pass_costs(runs)
     assert costs["target:12"].per_pass == pytest.approx(a)
     assert costs["target:12"].per_token == pytest.approx(b)
@@ -36,7 +36,7 @@ def test_fit_recovers_a_linear_cost_and_ignores_the_prefill():
 
 
 def test_a_noisy_negative_slope_falls_back_to_the_mean():
-    costs = fit_pass_costs([stats_with({"trunk:6@2": (10, 10 * 0.006), "trunk:6@3": (10, 10 * 0.005)})])
+    costs = fit_pass_costs([stats_with({"trunk:6/2": (10, 10 * 0.006), "trunk:6/3": (10, 10 * 0.005)})])
     assert costs["trunk:6"].per_token == 0.0
     assert costs["trunk:6"].per_pass == pytest.approx(0.0055)
 
@@ -44,9 +44,9 @@ def test_a_noisy_negative_slope_falls_back_to_the_mean():
 def test_pricing_follows_the_width():
     """A 7-token pass costs more than a 3-token one: the flaw of a per-layout cost, which priced both alike."""
     costs = {"target:12": PassCost(0.004, 0.001), "draft:1": PassCost(0.0005, 0.0)}
-    long = stats_with({"target:12@7": (2, 0.0), "draft:1@1": (12, 0.0), "target:12@prefill": (1, 9.0)}, new_tokens=10)
+    long = stats_with({"target:12/7": (2, 0.0), "draft:1/1": (12, 0.0), "target:12/prefill": (1, 9.0)}, new_tokens=10)
     widths = widths_per_token(long)
-    assert widths == {"target:12@7": 0.2, "draft:1@1": 1.2}  # the prefill is not priced
+    assert widths == {"target:12/7": 0.2, "draft:1/1": 1.2}  # the prefill is not priced
     assert cost_per_token(widths, costs) == pytest.approx(0.2 * 0.011 + 1.2 * 0.0005)
     assert missing_layouts(long, {"draft:1": costs["draft:1"]}) == {"target:12"}
     assert costs_from_json(costs_to_json(costs)) == costs

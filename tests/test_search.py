@@ -187,7 +187,7 @@ def test_thresholds_stage_and_infeasible_constraint(study, tmp_path):
     assert "slim:2" in independent and (independent == main_cost) == ("slim:2" in main_cost)
     for r in results.values():  # the cost model over the best trial's decoding passes, priced by layout and width
         cost, per = r["pass_cost_model"], r["dev"]["pass_widths_per_token"]
-        assert {k.rpartition("@")[0] for k in per} <= set(cost)
+        assert {k.rpartition("/")[0] for k in per} <= set(cost)
         assert all(c["per_pass"] >= 0 and c["per_token"] >= 0 for c in cost.values())
         assert r["dev"]["cost_per_token"] == pytest.approx(cost_per_token(per, costs_from_json(cost)))
     # the other slims' searches are shorter (thresholds.ablation_trials), start from the main search's

@@ -14,14 +14,14 @@ def check_widths(s):
     """Passes by layout and width add up to each runner's passes and time; one prefill per runner."""
     layouts = s.layouts()
     for name, layout in layouts.items():
-        keys = [k for k in s.pass_widths if k.rpartition("@")[0] == layout]
+        keys = [k for k in s.pass_widths if k.rpartition("/")[0] == layout]
         assert sum(s.pass_widths[k] for k in keys) == s.passes[name]
         assert sum(s.pass_width_s[k] for k in keys) == pytest.approx(s.time_s[name])
-        assert s.pass_widths.get(f"{layout}@prefill") == 1
-        decoding = [int(k.rpartition("@")[2]) for k in keys if not k.endswith("@prefill")]
+        assert s.pass_widths.get(f"{layout}/prefill") == 1
+        decoding = [int(k.rpartition("/")[2]) for k in keys if not k.endswith("/prefill")]
         assert all(w >= 1 for w in decoding)
     if s.method == "ar":  # one token per decoding pass
-        assert set(s.pass_widths) <= {"target:4@prefill", "target:4@1"}, s.pass_widths
+        assert set(s.pass_widths) <= {"target:4/prefill", "target:4/1"}, s.pass_widths
 
 
 def check_accounting(s):

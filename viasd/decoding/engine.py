@@ -214,7 +214,7 @@ class DecodeSession:
             stats.time_s[r.name] = r.seconds
             stats.layer_tokens[r.name] = r.layers * r.tokens
             for width, (passes, seconds) in r.widths.items():
-                key = f"{r.name}:{r.layers}@{width}"
+                key = f"{r.name}:{r.layers}/{width}"
                 stats.pass_widths[key] = passes
                 stats.pass_width_s[key] = seconds
         return DecodeResult(list(self.generated), stats)

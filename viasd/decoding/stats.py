@@ -71,8 +71,8 @@ class DecodeStats:
     # decoder layers x tokens each runner computed; with reuse (viasd) the shared layers 0..k-1 are the
     # `trunk`'s, computed once per position, and `slim` / `target` count only their layers after it
     layer_tokens: dict[str, int] = field(default_factory=dict)
-    # passes by runner layout and width, `"<name>:<layers>@<width>"` (tokens fed; rows, for an exit head) or
-    # `"...@prefill"` (a pass from an empty cache): counts and seconds, what the cost model is fitted on
+    # passes by runner layout and width, `"<name>:<layers>/<width>"` (tokens fed; rows, for an exit head) or
+    # `".../prefill"` (a pass from an empty cache): counts and seconds, what the cost model is fitted on
     pass_widths: dict[str, int] = field(default_factory=dict)
     pass_width_s: dict[str, float] = field(default_factory=dict)
     wall_time_s: float = 0.0

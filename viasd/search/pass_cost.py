@@ -40,8 +40,8 @@ class PassCost:
 
 
 def split_key(key: str) -> tuple[str, str]:
-    """`"target:12@5"` -> `("target:12", "5")`."""
-    layout, _, width = key.rpartition("@")
+    """`"target:12/5"` -> `("target:12", "5")`."""
+    layout, _, width = key.rpartition("/")
     return layout, width
 
 
@@ -89,9 +89,9 @@ def missing_layouts(stats: DecodeStats, costs: dict[str, PassCost]) -> set[str]:
 
 
 def widths_per_token(stats: DecodeStats) -> dict[str, float]:
-    """Decoding passes per generated token, by `"layout@width"`: a decode's cost under any costs."""
+    """Decoding passes per generated token, by `"layout/width"`: a decode's cost under any costs."""
     tokens = max(stats.new_tokens, 1)
-    return {f"{layout}@{w}": n / tokens for layout, widths in decoding_passes(stats).items()
+    return {f"{layout}/{w}": n / tokens for layout, widths in decoding_passes(stats).items()
             for w, (n, _) in widths.items()}
 
 

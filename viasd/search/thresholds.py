@@ -237,7 +237,7 @@ def tiers_off_points(dev: DevSet, cfg: ThresholdConfig, study) -> list[dict]:
     if "tiers_off_points" in study.user_attrs:
         return [{**p, "tau_accept": OFF, "tau_slim": OFF} for p in study.user_attrs["tiers_off_points"]]
     shared = dev.shared
-    if shared.tiers_off is not None and all(k.rpartition("@")[0] in dev.pass_cost
+    if shared.tiers_off is not None and all(k.rpartition("/")[0] in dev.pass_cost
                                             for p in shared.tiers_off for k in p["pass_widths_per_token"]):
         # the same SD decodes (no slim runs in them), costed with this search's per-pass costs
         points = [_recosted(p, dev) for p in shared.tiers_off]

@@ -292,7 +292,8 @@ def run_report_stage(params: Params) -> dict:
                     "per-pass costs measured once, in the DIMR mask's search, and shared):\n", slims_md,
                     "The cost model's pass costs (fitted per runner layout on probe decodes at every searched γ, "
                     "the prompt's prefill left out; `target:12` is a full pass, `trunk:k` and `target:L-k` a pass "
-                    "split by reuse, `slim:0` the early exit's head):\n", costs]
+                    "split by reuse, `slim:0` the early exit's head; the draft feeds one token per pass, so its wider "
+                    "columns are the fit's extrapolation):\n", costs]
         headline.setdefault(pair, {})[task] = {
             e["run"]: {"speedup_vs_ar": e.get("speedup_vs_ar"), "rejection_rate": e.get("rejection_rate"),
                        **{k: e["quality"].get(k) for k in QUALITY_FIRST}} for e in evals}
