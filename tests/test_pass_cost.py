@@ -35,6 +35,16 @@ def test_fit_recovers_a_linear_cost_and_ignores_the_prefill():
     assert costs["draft:1"] == PassCost(pytest.approx(0.0004), 0.0)
 
 
+def test_the_fit_keeps_each_layouts_total_time():
+    """Least squares with an intercept: the fitted costs of the pooled passes add up to their measured seconds."""
+    runs = [stats_with({"target:12/3": (9, 9 * 0.0071), "target:12/5": (6, 6 * 0.0076), "target:12/7": (3, 3 * 0.0089)}),
+            stats_with({"target:12/5": (4, 4 * 0.0079), "target:12/prefill": (1, 0.2)})]
+    cost = fit_pass_costs(runs)["target:12"]
+    assert cost.per_token > 0
+    measured = 9 * 0.0071 + 6 * 0.0076 + 3 * 0.0089 + 4 * 0.0079
+    assert 9 * cost(3) + 10 * cost(5) + 3 * cost(7) == pytest.approx(measured)
+
+
 def test_a_noisy_negative_slope_falls_back_to_the_mean():
     costs = fit_pass_costs([stats_with({"trunk:6/2": (10, 10 * 0.006), "trunk:6/3": (10, 10 * 0.005)})])
     assert costs["trunk:6"].per_token == 0.0

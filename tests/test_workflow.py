@@ -158,12 +158,15 @@ def test_smoke_study_killed_resumed_tracked_and_reported(repo):
     assert len(csv_rows) == 1 + len(SMOKE_RUNS) and "speedup_vs_ar" in csv_rows[0]
     slims = md_rows((repo / "reports-smoke" / "tables" / "smoke-stdlib_continuation-slims.md").read_text())
     assert {row[0] for row in slims} >= {"main", "mask_random", "independent"}
-    # the cost model the search used: every layout priced, a full pass dearer at a wider block
+    # the cost model the DIMR slim's search stored, every layout with its fitted costs in ms
     costs = {row[0]: row for row in md_rows((repo / "reports-smoke" / "tables" /
                                              "smoke-stdlib_continuation-pass-costs.md").read_text())[1:]}
-    assert {"draft:1", "target:4"} <= set(costs)
-    assert all(float(v) >= 0 for row in costs.values() for v in row[1:3])
-    assert float(costs["target:4"][-2]) >= float(costs["target:4"][3])  # the widest block against the narrowest
+    stored = json.loads((repo / "models-smoke" / "thresholds" / "smoke-stdlib_continuation" / "main.json")
+                        .read_text())["pass_cost_model"]
+    assert set(costs) == set(stored) >= {"draft:1", "target:4"}
+    for layout, c in stored.items():
+        assert float(costs[layout][1]) == pytest.approx(1000 * c["per_pass"], abs=1e-3)
+        assert float(costs[layout][2]) == pytest.approx(1000 * c["per_token"], abs=1e-3)
     assert (repo / "reports-smoke" / "thresholds" / "smoke-stdlib_continuation" / "mask_random.png").exists()
     # the family table: every model and slim with its measured agreement with the target; the stage times
     family = (repo / "reports-smoke" / "tables" / "smoke-family.csv").read_text().splitlines()

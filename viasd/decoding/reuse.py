@@ -229,8 +229,7 @@ class ExitRunner(ModelRunner):
         self.device = trunk.device
         self._sync = trunk._sync
         self.cache = None
-        self.cached = self.passes = self.tokens = 0
-        self.seconds = 0.0
+        self.cached = self.tokens = 0
         self.widths = {}
         self.layers = 0
 

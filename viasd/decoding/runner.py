@@ -33,9 +33,7 @@ class ModelRunner:
         self._sync = exact_timing and self.device.type == "cuda"
         self.cache = None
         self.cached = 0
-        self.passes = 0
         self.tokens = 0
-        self.seconds = 0.0
         self.widths: dict[int | str, list] = {}  # `record`: width -> [passes, seconds]; "prefill" for passes from an empty cache
         self._trim = False
         config = text_config(model)
@@ -81,8 +79,14 @@ class ModelRunner:
         entry = self.widths.setdefault("prefill" if prefill else width, [0, 0.0])
         entry[0] += 1
         entry[1] += seconds
-        self.passes += 1
-        self.seconds += seconds
+
+    @property
+    def passes(self) -> int:
+        return sum(n for n, _ in self.widths.values())
+
+    @property
+    def seconds(self) -> float:
+        return sum(s for _, s in self.widths.values())
 
     def _inputs(self, ids: torch.Tensor, upto: int) -> dict:
         """What the model is fed for positions `cached..upto-1`: their token ids (an encoder-decoder model:

@@ -83,6 +83,12 @@ def fit_pass_costs(runs: Iterable[DecodeStats]) -> dict[str, PassCost]:
     return costs
 
 
+def full_layout(costs: dict) -> str | None:
+    """The unshared full-model pass among `costs`' layouts: the `target:<layers>` with the most layers
+    (with reuse, `target:L-k` is only the rest after the shared trunk)."""
+    return max((k for k in costs if k.startswith("target:")), key=lambda k: int(k.split(":")[1]), default=None)
+
+
 def missing_layouts(stats: DecodeStats, costs: dict[str, PassCost]) -> set[str]:
     """Layouts `stats` ran in decoding passes that `costs` does not price."""
     return set(decoding_passes(stats)) - set(costs)

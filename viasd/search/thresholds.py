@@ -29,7 +29,17 @@ from ..metrics.model_metrics import agreement, pooled, score_outputs
 from ..metrics.quality import QualityConstraints, main_metric, task_drop
 from ..models import ModelSet
 from ..tasks.base import Example, TaskSpec
-from .pass_cost import PassCost, cost_per_token, costs_from_json, costs_to_json, fit_pass_costs, missing_layouts, widths_per_token
+from .pass_cost import (
+    PassCost,
+    cost_per_token,
+    costs_from_json,
+    costs_to_json,
+    fit_pass_costs,
+    full_layout,
+    missing_layouts,
+    split_key,
+    widths_per_token,
+)
 
 log = logging.getLogger(__name__)
 
@@ -192,8 +202,7 @@ class DevSet:
 
     def full_pass_cost(self) -> float:
         """Seconds of one unshared one-token full-model pass (the ar step the cost model compares with)."""
-        full = max((k for k in self.pass_cost if k.startswith("target:")), key=lambda k: int(k.split(":")[1]))
-        return self.pass_cost[full](1)
+        return self.pass_cost[full_layout(self.pass_cost)](1)
 
 
 def suggest_policy(trial, base: DecodePolicy, cfg: ThresholdConfig) -> DecodePolicy:
@@ -237,7 +246,7 @@ def tiers_off_points(dev: DevSet, cfg: ThresholdConfig, study) -> list[dict]:
     if "tiers_off_points" in study.user_attrs:
         return [{**p, "tau_accept": OFF, "tau_slim": OFF} for p in study.user_attrs["tiers_off_points"]]
     shared = dev.shared
-    if shared.tiers_off is not None and all(k.rpartition("/")[0] in dev.pass_cost
+    if shared.tiers_off is not None and all(split_key(k)[0] in dev.pass_cost
                                             for p in shared.tiers_off for k in p["pass_widths_per_token"]):
         # the same SD decodes (no slim runs in them), costed with this search's per-pass costs
         points = [_recosted(p, dev) for p in shared.tiers_off]

@@ -219,20 +219,15 @@ def pass_cost_table(params: Params, pair: str, task: str) -> str:
     `target:L-k` and `slim:0` the passes split by reuse), the fitted `per_pass` and `per_token` and the
     cost of a pass at each searched block width (gamma + 1 tokens), in ms; the last column divides a
     layout's cost at the tuned gamma by the full pass's at the same width."""
+    from ..search.pass_cost import costs_from_json, full_layout
+
     tuned = json.loads(threshold_paths(params, task, pair, "main")["json"].read_text())
-    costs = tuned.get("pass_cost_model") or {}
+    costs = costs_from_json(tuned.get("pass_cost_model")) or {}
     gammas = tuned["signature"]["config"]["gamma"]
-    full = max((k for k in costs if k.startswith("target:")), key=lambda k: int(k.split(":")[1]), default=None)
-
-    def at(c: dict, w: int) -> float:
-        return c["per_pass"] + c["per_token"] * w
-
-    rows = []
-    for layout, c in sorted(costs.items(), key=lambda kv: -at(kv[1], 1)):
-        w = tuned["gamma"] + 1
-        rows.append({"layout": layout, "per_pass": 1000 * c["per_pass"], "per_token": 1000 * c["per_token"],
-                     **{f"w{g + 1}": 1000 * at(c, g + 1) for g in gammas},
-                     "vs_full": at(c, w) / at(costs[full], w) if full else None})
+    full, w = full_layout(costs), tuned["gamma"] + 1
+    rows = [{"layout": layout, "per_pass": 1000 * c.per_pass, "per_token": 1000 * c.per_token,
+             **{f"w{g + 1}": 1000 * c(g + 1) for g in gammas}, "vs_full": c(w) / costs[full](w) if full else None}
+            for layout, c in sorted(costs.items(), key=lambda kv: -kv[1](1))]
     return markdown(rows, [("layout", "runner layout"), ("per_pass", "ms per pass"), ("per_token", "ms per token fed"),
                            *((f"w{g + 1}", f"{g + 1} tokens (γ {g}), ms") for g in gammas),
                            ("vs_full", f"vs a full pass at γ {tuned['gamma']}")])
