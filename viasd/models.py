@@ -19,6 +19,7 @@ from torch import nn
 from .decoding.engine import DecodeResult, decode
 from .decoding.intermediate import IndependentVerifier
 from .decoding.policy import DecodePolicy
+from .decoding.router import LearnedRouter, RouterRows
 from .decoding.routing import RoutingMask, SlimVerifier, num_decoder_layers
 from .decoding.seq2seq import is_encoder_decoder
 from .errors import ModelLoadError, PromptError, VocabularyMismatchError
@@ -180,6 +181,7 @@ class ModelSet:
     draft: nn.Module | None = None
     slims: list[SlimVerifier] = field(default_factory=list)
     draft_tokenizer: object | None = None
+    router: LearnedRouter | None = None  # viasd `router: learned`: the fitted router of the (first) slim
 
     def __post_init__(self):
         if self.draft is not None:
@@ -229,8 +231,10 @@ class ModelSet:
             raise PromptError("the prompt is empty: give some text to continue")
         return self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
 
-    def generate(self, prompt: str | Sequence[int], policy: DecodePolicy | None = None, **overrides) -> DecodeResult:
-        """Decode a text prompt (or token ids) and return new token ids, text and statistics."""
+    def generate(self, prompt: str | Sequence[int], policy: DecodePolicy | None = None,
+                 router_rows: RouterRows | None = None, **overrides) -> DecodeResult:
+        """Decode a text prompt (or token ids) and return new token ids, text and statistics (`router_rows`:
+        with the oracle router, collect the router's training rows)."""
         policy = policy or DecodePolicy()
         if overrides:
             from dataclasses import replace
@@ -239,7 +243,7 @@ class ModelSet:
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         eos = policy.eos_token_ids if policy.eos_token_ids is not None else eos_ids(self.target, self.tokenizer)
         result = decode(ids, policy, self.target, self.vocab_size, draft=self.draft, slims=self.slims,
-                        tokenizer=self.tokenizer, eos_token_ids=eos)
+                        tokenizer=self.tokenizer, eos_token_ids=eos, router=self.router, router_rows=router_rows)
         if self.tokenizer is not None:
             result.text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
         return result

@@ -20,6 +20,7 @@ from .compilation import compiled
 from .intermediate import IndependentVerifier
 from .kv_cache import model_cache
 from .policy import DecodePolicy
+from .router import LearnedRouter, RouterRows
 from .routing import SlimVerifier
 from .runner import ModelRunner
 from .sampling import Sampler
@@ -49,7 +50,8 @@ class DecodeSession:
 
     def __init__(self, prompt_ids: Sequence[int], policy: DecodePolicy, target: nn.Module, vocab_size: int,
                  draft: nn.Module | None = None, slims: Sequence[SlimVerifier | IndependentVerifier] = (), tokenizer=None,
-                 eos_token_ids: Sequence[int] = ()):
+                 eos_token_ids: Sequence[int] = (), router: LearnedRouter | None = None,
+                 router_rows: RouterRows | None = None):
         self.policy = policy
         device = next(target.parameters()).device
         self.device = device
@@ -128,17 +130,57 @@ class DecodeSession:
             self.stats.direct_by_level = [0] * len(slims)
             self.stats.slim_accept_by_level = [0] * len(slims)
             self.stats.regen_by_level = [0] * len(slims)
-        for r in self.runners:
+        self._set_up_router(policy, target, vocab_size, capacity, router, router_rows)
+        for r in (*self.runners, *([self.peek] if self.peek is not None else [])):
             r.start()
         if self.seq2seq:
             self._encode(torch.tensor([encoder_prompt], dtype=torch.long, device=device))
+
+    def _set_up_router(self, policy: DecodePolicy, target: nn.Module, vocab_size: int, capacity: int,
+                       router: LearnedRouter | None, router_rows: RouterRows | None) -> None:
+        """viasd's tier decisions (`policy.router`): the learned router on the models' device, or the oracle's
+        peek runner, the target with a cache of its own whose passes are counted apart (`peek_passes`)."""
+        self.router = self.peek = None
+        self.router_rows = router_rows
+        self.oracle_wrong = 0  # tokens the budgeted oracle settled although they were wrong
+        if policy.method != "viasd" or policy.tiers_off:
+            return
+        if router_rows is not None and policy.router != "oracle":
+            raise PolicyError("router rows are labelled by the oracle: collect them with router='oracle'")
+        if policy.router == "learned":
+            if router is None:
+                raise PolicyError("router 'learned' needs a fitted router (viasd train-router writes one)")
+            if len(self.slims) != 1:
+                raise PolicyError("a learned router decides for one slim verifier; this decode has "
+                                  f"{len(self.slims)}")
+            if router.probe_layers and (self.trunk is None or self.trunk.layers != router.probe_layers):
+                have = "no shared trunk" if self.trunk is None else f"a trunk of {self.trunk.layers} layers"
+                raise PolicyError(f"the router probes the hidden state after the target's first {router.probe_layers} "
+                                  f"layers, but this decode has {have} (decode.reuse on, a mask keeping layers "
+                                  f"0..{router.probe_layers - 1})")
+            self.router = router.to(self.device)
+        elif policy.router == "oracle":
+            self.peek = ModelRunner("peek", target, lambda: model_cache(target, policy.cache, capacity), vocab_size,
+                                    policy.exact_timing)
+
+    def router_hidden(self, g: int) -> torch.Tensor | None:
+        """`[g + 1, H]`: the shared trunk's residual stream at the inputs whose logits are the block's rows
+        (the router's probe), or None without a trunk."""
+        if self.trunk is None:
+            return None
+        return self.trunk.hidden[0, self.length - 1 : self.length + g]
+
+    def oracle_targets(self, g: int) -> torch.Tensor:
+        """`[g + 1]`: the target's greedy tokens at the block's rows given the drafted block (the oracle's
+        peek; teacher-forced, counted apart from the decode's passes)."""
+        return self.peek.forward(self.ids, self.length + g, g + 1).argmax(-1)
 
     def _encode(self, prompt: torch.Tensor) -> None:
         """Encode the prompt once per distinct encoder module: the target's outputs serve the target and
         every slim routed out of it (they share its encoder), the draft and an independent model encode
         their own."""
         encoded = {}
-        for r in self.runners:
+        for r in (*self.runners, *([self.peek] if self.peek is not None else [])):
             encoder = r.model.get_encoder()
             if encoder not in encoded:
                 start = time.perf_counter()
@@ -185,6 +227,8 @@ class DecodeSession:
         self.length = at + 1
         for r in self.runners:
             r.rollback(min(r.cached, self.length - 1))
+        if self.peek is not None:
+            self.peek.rollback(min(self.peek.cached, self.length - 1))
         self.generated.extend(new)
         keep = self.stop.cut(self.generated)
         if keep is not None:
@@ -207,6 +251,9 @@ class DecodeSession:
             block(self)
         stats = self.stats
         stats.wall_time_s = time.perf_counter() - start + stats.encoder_time_s  # the prompt's encoding included
+        if self.peek is not None:  # the oracle's peeks are not part of the method: counted apart, not in its time
+            stats.peek_passes, stats.peek_time_s = self.peek.passes, self.peek.seconds
+            stats.wall_time_s -= self.peek.seconds
         stats.new_tokens = len(self.generated)
         for r in self.runners:
             stats.passes[r.name] = r.passes
@@ -222,9 +269,13 @@ class DecodeSession:
 
 def decode(prompt_ids: Sequence[int], policy: DecodePolicy, target: nn.Module, vocab_size: int,
            draft: nn.Module | None = None, slims: Sequence[SlimVerifier | IndependentVerifier] = (), tokenizer=None,
-           eos_token_ids: Sequence[int] = ()) -> DecodeResult:
+           eos_token_ids: Sequence[int] = (), router: LearnedRouter | None = None,
+           router_rows: RouterRows | None = None) -> DecodeResult:
     """Decode `prompt_ids` with `policy.method`: `(models, prompt, policy) -> (tokens, stats)`. Pure:
-    no files, no tracking. Greedy results are deterministic; sampled ones are fixed by `policy.seed`."""
+    no files, no tracking. Greedy results are deterministic; sampled ones are fixed by `policy.seed`.
+
+    `router`: the fitted router of `policy.router == "learned"`. `router_rows`: with the oracle router,
+    every block's router features and oracle labels are appended to it (the router's training data)."""
     from .methods import BLOCKS
 
     if policy.needs_draft and draft is None:
@@ -233,6 +284,6 @@ def decode(prompt_ids: Sequence[int], policy: DecodePolicy, target: nn.Module, v
         raise PolicyError(f"method {policy.method!r} needs a slim verifier (a routing mask over the target's layers)")
     session = DecodeSession(prompt_ids, policy, target, vocab_size, draft=draft if policy.needs_draft else None,
                             slims=slims if policy.needs_slim else (), tokenizer=tokenizer,
-                            eos_token_ids=eos_token_ids)
+                            eos_token_ids=eos_token_ids, router=router, router_rows=router_rows)
     with torch.inference_mode():
         return session.run(BLOCKS[policy.method])

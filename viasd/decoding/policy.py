@@ -11,6 +11,7 @@ from .sampling import SamplingConfig
 METHODS = ("ar", "sd", "cascade_sd", "spec_cascade", "viasd")
 LOSSLESS = frozenset({"ar", "sd", "cascade_sd"})
 SPEC_CASCADE_RULES = ("chow", "diff", "opt", "token_v1", "token_v2", "token_v3")
+ROUTERS = ("rules", "learned", "oracle")  # how viasd decides its tiers (decoding/router.py)
 CACHE_KINDS = ("inplace", "dynamic", "static")  # KV cache of each runner (viasd.kv_cache)
 DEFAULT_CACHE = "inplace"
 
@@ -34,7 +35,14 @@ class DecodePolicy:
     Common: `gamma` (draft block length), `max_new_tokens`, `sampling`, `seed`, `stop_strings`,
     `eos_token_ids` (None: the target's own). `viasd`: `tau_accept`, `tau_slim` (a float, or one per
     slim verifier for the N-tier form; `inf` switches a tier off), `score`, `confidence`, `max_lag`
-    (0 = never force a catch-up). `spec_cascade`: `rule`, `alpha`. `cascade_sd`: `gamma_slim`, the
+    (0 = never force a catch-up: above it the next block goes to the full model, which catches up in the
+    same pass), `verify_block` (an escalated block is re-verified from its first position, not from the
+    position that escalated), `router`: how the tiers decide (`ROUTERS`): `rules` (the score and
+    confidence above against `tau_accept` / `tau_slim`), `learned` (a fitted `router.LearnedRouter`
+    passed to `decode`: accept when P(draft right) >= `tau_accept`, regenerate when P(slim right) >=
+    `tau_slim`) or `oracle` (greedy only: the target's own greedy token, from a peek pass that is counted
+    apart, decides; the ceiling a router can reach), with `oracle_budget` the share of output tokens the
+    oracle may settle although they are wrong (spent as it goes; 0 = fidelity 1). `spec_cascade`: `rule`, `alpha`. `cascade_sd`: `gamma_slim`, the
     number of slim-level tokens collected before the full model verifies (default `2 * gamma`).
     `cache` (`CACHE_KINDS`, see `kv_cache`): `inplace` (buffers for prompt + max_new_tokens + gamma + 1
     positions written in place, attention over the filled prefix), `dynamic` (transformers'
@@ -57,6 +65,9 @@ class DecodePolicy:
     max_lag: int = 0
     gate: float = 0.0
     verify_lagged: bool = True
+    verify_block: bool = False
+    router: str = "rules"
+    oracle_budget: float = 0.0
     reuse: bool = False
     rule: str = "opt"
     alpha: float = 0.1
@@ -92,6 +103,14 @@ class DecodePolicy:
             raise PolicyError(f"gate must be a probability in [0, 1] (0 = off), got {self.gate}")
         if not isinstance(self.reuse, bool):
             raise PolicyError(f"reuse must be true or false, got {self.reuse!r}")
+        if self.router not in ROUTERS:
+            raise PolicyError(f"unknown router {self.router!r}; choose one of {', '.join(ROUTERS)}")
+        if self.router == "oracle" and not self.sampling.greedy:
+            raise PolicyError("the oracle router is defined for greedy decoding (temperature 0) only")
+        if not 0 <= self.oracle_budget < 1:
+            raise PolicyError(f"oracle_budget must be a share in [0, 1), got {self.oracle_budget}")
+        if not isinstance(self.verify_block, bool):
+            raise PolicyError(f"verify_block must be true or false, got {self.verify_block!r}")
         if not isinstance(self.verify_lagged, bool):
             raise PolicyError(f"verify_lagged must be true or false, got {self.verify_lagged!r}")
         for name in ("tau_accept", "tau_slim"):  # "inf" (as JSON writes an off tier) reads as a float
@@ -103,7 +122,7 @@ class DecodePolicy:
         if self.gamma_slim is not None and self.gamma_slim < 1:
             raise PolicyError(f"gamma_slim must be a positive integer, got {self.gamma_slim}")
         taus = self.tau_accept if isinstance(self.tau_accept, (list, tuple)) else (self.tau_accept,)
-        if not self.sampling.greedy and SCORES[self.score].probabilistic and any(not float(t) > 0 for t in taus):
+        if self.router == "rules" and not self.sampling.greedy and SCORES[self.score].probabilistic and any(not float(t) > 0 for t in taus):
             # sampling mode accepts with probability min(1, s / tau_accept): tau must be positive
             raise PolicyError(f"tau_accept must be > 0 for the {self.score!r} score in sampling mode, got {self.tau_accept}")
 

@@ -14,7 +14,15 @@ Accounting identities every decode satisfies (tested):
   `max_new_tokens` after a block produced them).
 - viasd tier pass rates by block position `i`: `position_reached[i]` positions the slim tiers examined,
   `position_settled[i]` settled there by tier 1 or tier 2 (draft token kept), `position_regenerated[i]`
-  replaced by the slim (the block ends); the rest escalated.
+  replaced by the slim (the block ends); the rest escalated (`position_escalation_rate`).
+  Per block, with `e` that per-position escalation rate and `c` the chance a position continues the
+  block (settled), a block escalates with probability `sum_i e c^i = e (1 - c^g) / (1 - c)`: a
+  regeneration ends its block without escalating, so this is not `1 - prod_i r_i`.
+- the oracle router (`router: oracle`): `peek_passes` / `peek_time_s` are its teacher-forced look-ups of
+  the target's greedy tokens, not part of the method (its `wall_time_s` leaves them out);
+  `oracle_slim_wrong` the examined positions where the slim's greedy choice was not the target's (the
+  slim's error rate on the decode's own positions), `oracle_settled_wrong` the wrong tokens a budgeted
+  oracle settled.
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ class DecodeStats:
     bonus: int = 0  # tokens sampled after a fully accepted block
     truncated: int = 0
     escalated_blocks: int = 0  # blocks in which the full model ran to verify
-    catchup_passes: int = 0  # forced full-model passes to bound its cache lag (viasd max_lag)
+    catchup_passes: int = 0  # viasd max_lag: blocks sent to the full model because its cache lagged too far (one pass each)
     gated_blocks: int = 0  # viasd: blocks sent straight to the full model (tiers off, or the draft gate)
     bonus_withheld: int = 0  # viasd: blocks settled by the tiers whose bonus token failed the confidence test
     lagged_checked: int = 0  # viasd verify_lagged: lagged tokens the full model tested
@@ -75,6 +83,12 @@ class DecodeStats:
     # `".../prefill"` (a pass from an empty cache): counts and seconds, what the cost model is fitted on
     pass_widths: dict[str, int] = field(default_factory=dict)
     pass_width_s: dict[str, float] = field(default_factory=dict)
+    # viasd routers (decoding/router.py): the learned router's seconds; the oracle's peeks and counts
+    router_time_s: float = 0.0
+    peek_passes: int = 0
+    peek_time_s: float = 0.0
+    oracle_slim_wrong: int = 0
+    oracle_settled_wrong: int = 0
     wall_time_s: float = 0.0
     encoder_time_s: float = 0.0  # encoder-decoder models: encoding the prompt, once per distinct encoder
 
@@ -94,6 +108,18 @@ class DecodeStats:
         """Per block position: the share of positions the slim tiers examined that they settled
         (draft token kept, no full model)."""
         return [_ratio(s, r) for s, r in zip(self.position_settled, self.position_reached)]
+
+    @property
+    def position_escalation_rate(self) -> float | None:
+        """Share of the positions the slim tiers examined that went to the full model (neither settled
+        nor regenerated): the rate to set beside the slim's error rate."""
+        reached = sum(self.position_reached)
+        return _ratio(reached - sum(self.position_settled) - sum(self.position_regenerated), reached)
+
+    @property
+    def slim_error_rate(self) -> float | None:
+        """Oracle decodes only: share of examined positions where the slim's greedy choice was wrong."""
+        return _ratio(self.oracle_slim_wrong, sum(self.position_reached)) if self.peek_passes else None
 
     @property
     def gated_rate(self) -> float | None:
@@ -176,6 +202,8 @@ class DecodeStats:
             "tokens_per_block",
             "block_escalation_rate",
             "gated_rate",
+            "position_escalation_rate",
+            "slim_error_rate",
             "tokens_per_second",
         ):
             out[name] = getattr(self, name)

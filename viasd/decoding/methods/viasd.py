@@ -32,9 +32,12 @@ Lossy by design: tokens settled by the slim tiers and not re-checked are emitted
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from ..acceptance import lossless
+from ..router import position_features
 from ..sampling import residual
 from ..tiers import CONFIDENCES, SCORES, direct_accept
 from .sd import record_full_verification
@@ -44,17 +47,34 @@ class _Level:
     """One slim verifier's view of the block: probabilities and host-side tier decisions.
 
     `logits`, `q`: `[g+1, V]` (rows `q'_1..q'_g` and the bonus row `q'_{g+1}`); `accept`: `[g]` tier-1
-    decisions; `confident`: `[g+1]` tier-2 confidence tests (the last one gates the bonus token).
+    decisions; `confident`: `[g+1]` tier-2 decisions (the last one gates the bonus token). Who decides
+    (`policy.router`): `rules`, the score against `tau_accept` and the confidence against `tau_slim`;
+    `learned`, the router's P(draft right) >= `tau_accept` and P(slim right) >= `tau_slim`; `oracle`,
+    the target's greedy tokens `t` (accept iff `x_i = t_i`, regenerate iff `argmax q'_i = t_i`).
     """
 
-    def __init__(self, s, k: int, x: torch.Tensor, p: torch.Tensor, g: int):
+    def __init__(self, s, k: int, x: torch.Tensor, p: torch.Tensor, g: int, t: torch.Tensor | None):
         tau_accept, tau_slim = s.tier_thresholds[k]
-        score, confidence = SCORES[s.policy.score], CONFIDENCES[s.policy.confidence]
         self.logits = s.slims[k].forward(s.ids, s.length + g, g + 1)  # rows q'_1..q'_g, q'_{g+1}
         self.q = s.sampler.probs(self.logits)
-        u = None if s.sampler.greedy else s.sampler.uniform(g, x.device)
-        accept = direct_accept(score, score.fn(self.q[:g], p, x), tau_accept, u)
-        confident = confidence.fn(self.q) >= tau_slim
+        router = s.policy.router
+        if router == "oracle":
+            slim_choice = self.logits.argmax(-1)
+            accept, confident = x == t[:g], slim_choice == t
+            if s.router_rows is not None and k == 0:
+                s.router_rows.add(position_features(p, self.q, x), s.router_hidden(g), x, slim_choice, t)
+        elif router == "learned":
+            start = time.perf_counter()
+            p_draft, p_slim = s.router.probabilities(position_features(p, self.q, x), s.router_hidden(g))
+            accept, confident = p_draft >= tau_accept, p_slim >= tau_slim
+            self.accept, self.confident = accept.tolist(), confident.tolist()  # host sync inside the timing
+            s.stats.router_time_s += time.perf_counter() - start
+            return
+        else:
+            score, confidence = SCORES[s.policy.score], CONFIDENCES[s.policy.confidence]
+            u = None if s.sampler.greedy else s.sampler.uniform(g, x.device)
+            accept = direct_accept(score, score.fn(self.q[:g], p, x), tau_accept, u)
+            confident = confidence.fn(self.q) >= tau_slim
         self.accept = accept.tolist()
         self.confident = confident.tolist()
 
@@ -137,28 +157,37 @@ def _count_settled(st, settled: list[tuple[bool, int]]) -> None:
             st.slim_accept_by_level[k] += 1
 
 
+def _oracle_may_settle_wrong(s, i: int) -> bool:
+    """The budgeted oracle (`oracle_budget` b): settle a wrong token at block row `i` if the wrong tokens
+    settled so far, this one included, stay within b of the tokens emitted by then (spent as it goes)."""
+    b = s.policy.oracle_budget
+    if s.policy.router != "oracle" or b <= 0 or s.oracle_wrong + 1 > b * (len(s.generated) + i + 1):
+        return False
+    s.oracle_wrong += 1
+    s.stats.oracle_settled_wrong += 1
+    return True
+
+
 def block(s) -> None:
     st, pol = s.stats, s.policy
-    if pol.max_lag and s.length - 1 - s.target.cached > pol.max_lag:
-        # catch up in one parallel pass; its logits also check the lagged tokens (verify_lagged)
-        check = pol.verify_lagged and s.checked < s.length
-        first = s.target.cached
-        q_logits = s.target.forward(s.ids, s.length - 1, (s.length - 1 - first) if check else 1)
-        st.catchup_passes += 1
-        if check and _verify_lagged(s, q_logits, first):
-            return
+    # the full model's cache lags more than max_lag behind: this block goes to the full model, whose pass
+    # catches up on every lagged token and verifies the block at once (one pass, not a catch-up and then one)
+    catch_up = bool(pol.max_lag) and s.length - 1 - s.target.cached > pol.max_lag
     g = s.block_size()
     x, p_logits = s.draft_tokens(g)
     p = s.sampler.probs(p_logits)
     st.blocks += 1
     st.drafted += g
     p_sampling = None if s.sampler.greedy else p
-    if pol.tiers_off or (pol.gate > 0 and float(p.gather(-1, x[:, None]).min()) < pol.gate):
+    if catch_up:
+        st.catchup_passes += 1
+    if catch_up or pol.tiers_off or (pol.gate > 0 and float(p.gather(-1, x[:, None]).min()) < pol.gate):
         st.gated_blocks += 1
         _full_block(s, x, p_sampling, g, 0)
         return
     st.grow_positions(g)
     x_host = x.tolist()
+    t = s.oracle_targets(g) if pol.router == "oracle" else None
     keep_proposals = pol.verify_lagged and not s.sampler.greedy
     levels: list[_Level] = []
     settled: list[tuple[bool, int]] = []  # per settled position: (tier 1?, slim level)
@@ -167,8 +196,10 @@ def block(s) -> None:
         decision = None
         for k in range(len(s.slims)):
             if k == len(levels):
-                levels.append(_Level(s, k, x, p, g))
+                levels.append(_Level(s, k, x, p, g, t))
             level = levels[k]
+            if k == 0 and t is not None and not level.confident[i]:
+                st.oracle_slim_wrong += 1
             if level.accept[i]:  # tier 1
                 decision = (True, k)
                 break
@@ -188,10 +219,15 @@ def block(s) -> None:
                     s.proposals[s.length + i] = dist
                 s.commit(i, token)
                 return
-        if decision is None:  # tier 3: the full model decides; with verify_lagged it re-checks 0..i-1 too
-            if not pol.verify_lagged:
+        if decision is None and _oracle_may_settle_wrong(s, i):
+            decision = (True, 0)
+        if decision is None:
+            # tier 3: the full model decides from position i on; with verify_lagged it re-checks the lagged
+            # tokens and this block's rows 0..i-1 too, with verify_block this block's rows 0..i-1 only
+            recheck = pol.verify_lagged or pol.verify_block
+            if not recheck:
                 _count_settled(st, settled)
-            _full_block(s, x, p_sampling, g, 0 if pol.verify_lagged else i)
+            _full_block(s, x, p_sampling, g, 0 if recheck else i)
             return
         settled.append(decision)
         st.position_settled[i] += 1

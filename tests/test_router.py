@@ -1,0 +1,200 @@
+"""Tier decisions as classification: the oracle router (exact ceiling), the learned router in the decode
+loop, the router's training rows, the fit (hand-computed AUC / ECE, recovery of a known model), and
+the passes the engine no longer loses (catch-up folded into the block's full pass, block re-verification)."""
+
+import math
+
+import pytest
+import torch
+from conftest import PROMPTS
+from test_stats import check_accounting
+
+from viasd import DecodePolicy
+from viasd.decoding.router import FEATURES, LearnedRouter, LogisticHead, RouterRows
+from viasd.errors import PolicyError, ViasdError
+from viasd.metrics.model_metrics import score_outputs
+from viasd.training.router import auc, fit_router, heldout_rows, load_router, reliability, save_router
+
+N_NEW = 40
+
+
+def _run(models, ids, router_rows=None, **kw):
+    return models.generate(ids, DecodePolicy(gamma=4, max_new_tokens=N_NEW, eos_token_ids=(), **kw),
+                           router_rows=router_rows)
+
+
+def _fidelity(models, ids, tokens):
+    pooled, _ = score_outputs(models.target, [ids], [tokens], models.vocab_size)
+    return pooled["fidelity"]
+
+
+@pytest.mark.parametrize("reuse", [False, True])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_oracle_is_the_targets_greedy_output(model_sets, tokenizer, arch, reuse):
+    """The oracle settles only tokens equal to the target's greedy choice: its output is greedy `ar`'s,
+    fidelity exactly 1, and its peek passes are counted apart from the method's passes."""
+    models = model_sets(arch)
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt)["input_ids"]
+        ar = _run(models, ids, method="ar").token_ids
+        r = _run(models, ids, method="viasd", router="oracle", reuse=reuse)
+        s = r.stats
+        assert r.token_ids == ar
+        assert _fidelity(models, ids, r.token_ids) == 1.0
+        check_accounting(s)
+        assert "peek" not in s.passes and s.peek_passes == s.blocks - s.gated_blocks > 0
+        assert s.slim_error_rate is not None and 0 <= s.slim_error_rate <= 1
+        # the oracle escalates exactly where neither the draft nor the slim is right
+        assert s.position_escalation_rate <= s.slim_error_rate + 1e-9
+
+
+def test_budgeted_oracle_spends_its_fidelity_budget(model_sets, tokenizer):
+    models = model_sets("llama")
+    ids = tokenizer(PROMPTS[0])["input_ids"]
+    exact = _run(models, ids, method="viasd", router="oracle")
+    budget = _run(models, ids, method="viasd", router="oracle", oracle_budget=0.2)
+    s = budget.stats
+    check_accounting(s)
+    assert 0 < s.oracle_settled_wrong <= 0.2 * N_NEW
+    assert s.passes["target"] < exact.stats.passes["target"]
+    assert _fidelity(models, ids, budget.token_ids) >= 1 - 0.2 - 1e-9
+    with pytest.raises(PolicyError, match="greedy"):
+        DecodePolicy(router="oracle", sampling=__import__("viasd").SamplingConfig(temperature=1.0))
+    with pytest.raises(PolicyError, match="oracle_budget"):
+        DecodePolicy(router="oracle", oracle_budget=1.0)
+
+
+def _constant_router(p_draft: float, p_slim: float) -> LearnedRouter:
+    def head(p):
+        n = len(FEATURES)
+        return LogisticHead(torch.zeros(n), torch.ones(n), torch.zeros(n), math.log(p / (1 - p)))
+
+    return LearnedRouter(head(p_draft), head(p_slim))
+
+
+def test_learned_router_decides_the_tiers(model_sets, tokenizer):
+    """A router sure the draft is always right (and the slim never) settles every draft token and
+    withholds every bonus: the output is the draft's own greedy decode. One sure of neither escalates
+    every block at its first position: the output is `sd`'s, and so greedy `ar`'s."""
+    models = model_sets("llama")
+    ids = tokenizer(PROMPTS[1])["input_ids"]
+    draft_alone = models.with_slims([])
+    draft_alone.target, draft_alone.draft = models.draft, None
+    draft_greedy = _run(draft_alone, ids, method="ar").token_ids
+    ar = _run(models, ids, method="ar").token_ids
+    sure = models.with_slims(models.slims)
+    sure.router = _constant_router(0.99, 0.01)
+    r = _run(sure, ids, method="viasd", router="learned", tau_accept=0.5, tau_slim=0.5)
+    assert r.token_ids == draft_greedy and r.stats.passes["target"] == 0
+    assert r.stats.bonus_withheld == r.stats.blocks and r.stats.router_time_s > 0
+    check_accounting(r.stats)
+    unsure = models.with_slims(models.slims)
+    unsure.router = _constant_router(0.01, 0.01)
+    r = _run(unsure, ids, method="viasd", router="learned", tau_accept=0.5, tau_slim=0.5)
+    assert r.token_ids == ar and r.stats.escalated_blocks == r.stats.blocks
+    assert r.stats.position_escalation_rate == 1.0
+
+
+def test_learned_router_needs_a_router_and_its_probe(model_sets, tokenizer):
+    models = model_sets("llama")
+    ids = tokenizer(PROMPTS[1])["input_ids"]
+    with pytest.raises(PolicyError, match="needs a fitted router"):
+        _run(models, ids, method="viasd", router="learned")
+    probed = models.with_slims(models.slims)
+    probed.router = _constant_router(0.5, 0.5)
+    probed.router.probe_layers = 3  # the mask [0, 2] shares one layer with the target, not three
+    with pytest.raises(PolicyError, match="first 3 layers"):
+        _run(probed, ids, method="viasd", router="learned", reuse=True)
+    with pytest.raises(PolicyError, match="collect them with router='oracle'"):
+        _run(models, ids, router_rows=RouterRows(), method="viasd")
+
+
+@pytest.mark.parametrize("reuse", [False, True])
+def test_router_rows_from_oracle_decodes(model_sets, tokenizer, reuse):
+    """Rows stop at a block's first wrong draft token; a bonus row (no draft token) has a NaN draft label;
+    with a shared trunk every row carries its hidden state."""
+    models = model_sets("llama")
+    rows = RouterRows()
+    for k, prompt in enumerate(PROMPTS):
+        rows.current_group = k
+        _run(models, tokenizer(prompt)["input_ids"], router_rows=rows, method="viasd", router="oracle", reuse=reuse)
+    t = rows.tensors()
+    n = len(rows)
+    assert n == len(t["features"]) == len(t["slim_right"]) == len(t["group"]) > 0
+    assert t["hidden"].shape == ((n, 64) if reuse else (n, 0))
+    bonus = t["features"][:, FEATURES.index("bonus")] == 1
+    assert torch.equal(torch.isnan(t["draft_right"]), bonus)
+    for block in rows.draft_right:  # only the last row of a block may be a wrong draft token
+        assert (block[:-1] == 1).all()
+    assert set(t["group"].tolist()) == {0, 1, 2}
+
+
+def test_auc_and_ece_by_hand():
+    y = torch.tensor([0, 0, 1, 1])
+    assert auc(y, torch.tensor([0.1, 0.4, 0.35, 0.8])) == pytest.approx(0.75)
+    assert auc(torch.tensor([0, 1]), torch.tensor([0.5, 0.5])) == pytest.approx(0.5)
+    assert auc(torch.tensor([1, 1]), torch.tensor([0.2, 0.3])) is None
+    # bins [0.1, 0.2): predicted 0.15, observed 0 (2 rows); [0.9, 1): predicted 0.95, observed 0.5 (2 rows)
+    ece, bins = reliability(torch.tensor([0, 0, 1, 0]), torch.tensor([0.1, 0.2 - 1e-6, 0.9, 0.99]))
+    assert ece == pytest.approx(0.5 * 0.15 + 0.5 * 0.445, abs=1e-5)
+    assert [b["n"] for b in bins] == [2, 2]
+
+
+def test_fit_recovers_a_known_logistic_model(tmp_path):
+    """Rows drawn from a known logistic model: the fitted heads rank held-out rows as well as the truth
+    does, and are calibrated (small ECE); saved and loaded, they give the same probabilities."""
+    g = torch.Generator().manual_seed(0)
+    n = 6000
+    features = torch.randn((n, len(FEATURES)), generator=g)
+    true_w = torch.linspace(-1.5, 1.5, len(FEATURES))
+    logits = features @ true_w + 0.3
+    draft = (torch.rand(n, generator=g) < torch.sigmoid(logits)).float()
+    slim = (torch.rand(n, generator=g) < torch.sigmoid(-logits)).float()
+    rows = {"features": features, "hidden": torch.zeros((n, 0)), "draft_right": draft, "slim_right": slim,
+            "group": torch.arange(n) // 60}
+    router = fit_router(rows, seed=1)
+    held = router.info["draft"]
+    assert held["heldout_rows"] > 1000
+    test = heldout_rows(rows["group"], 0.25, 1)
+    truth = auc(draft[test], torch.sigmoid(logits[test]))
+    assert held["auc"] == pytest.approx(truth, abs=0.01)
+    assert held["ece"] < 0.03 and router.info["slim"]["ece"] < 0.03
+    assert router.info["slim"]["auc"] > 0.8
+    path = tmp_path / "router.json"
+    save_router(router, path)
+    loaded = load_router(path)
+    a, b = router.probabilities(features[:5]), loaded.probabilities(features[:5])
+    assert torch.allclose(a[0], b[0]) and torch.allclose(a[1], b[1])
+    with pytest.raises(ViasdError, match="train-router"):
+        load_router(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text('{"format": 1, "features": ["x"]}')
+    with pytest.raises(ViasdError, match="other router features"):
+        load_router(tmp_path / "bad.json")
+
+
+def test_catch_up_is_folded_into_the_blocks_full_pass(model_sets, tokenizer):
+    """max_lag: the block after the lag grows too long goes to the full model, one pass that catches up
+    and verifies; every full pass is an escalated block's."""
+    models = model_sets("llama")
+    ids = tokenizer(PROMPTS[0])["input_ids"]
+    r = _run(models, ids, method="viasd", tau_accept=0.0, tau_slim=math.inf, max_lag=3, verify_lagged=False)
+    s = r.stats
+    check_accounting(s)
+    assert s.catchup_passes > 0 and s.passes["target"] == s.escalated_blocks
+    # the full model's lag never passes max_lag + one block
+    assert s.passes["target"] >= N_NEW // (3 + 4 + 1) - 1
+
+
+def test_verify_block_rechecks_the_escalated_blocks_own_positions(model_sets, tokenizer):
+    """Tier 2 off, tier 1 lenient: an escalation re-verifies its block from position 0, so no escalated
+    block keeps a wrong tier-1 token; without it the settled positions stay unchecked."""
+    models = model_sets("llama")
+    ids = tokenizer(PROMPTS[2])["input_ids"]
+    kw = dict(method="viasd", tau_accept=1.2, tau_slim=math.inf, verify_lagged=False)
+    plain = _run(models, ids, **kw).stats
+    again = _run(models, ids, verify_block=True, **kw)
+    check_accounting(again.stats)
+    assert again.stats.lagged_checked == 0
+    # positions settled in escalated blocks are counted as the full model's decision, not tier 1's
+    assert again.stats.accepted_direct <= plain.accepted_direct
+    assert _fidelity(models, ids, again.token_ids) >= _fidelity(models, ids, _run(models, ids, **kw).token_ids)
