@@ -42,7 +42,8 @@ class DecodePolicy:
     passed to `decode`: accept when P(draft right) >= `tau_accept`, regenerate when P(slim right) >=
     `tau_slim`) or `oracle` (greedy only: the target's own greedy token, from a peek pass that is counted
     apart, decides; the ceiling a router can reach), with `oracle_budget` the share of output tokens the
-    oracle may settle although they are wrong (spent as it goes; 0 = fidelity 1). `spec_cascade`: `rule`, `alpha`. `cascade_sd`: `gamma_slim`, the
+    oracle may settle although they are wrong (spent as it goes; 0 = fidelity 1).
+    `spec_cascade`: `rule`, `alpha`. `cascade_sd`: `gamma_slim`, the
     number of slim-level tokens collected before the full model verifies (default `2 * gamma`).
     `cache` (`CACHE_KINDS`, see `kv_cache`): `inplace` (buffers for prompt + max_new_tokens + gamma + 1
     positions written in place, attention over the filled prefix), `dynamic` (transformers'
@@ -122,7 +123,8 @@ class DecodePolicy:
         if self.gamma_slim is not None and self.gamma_slim < 1:
             raise PolicyError(f"gamma_slim must be a positive integer, got {self.gamma_slim}")
         taus = self.tau_accept if isinstance(self.tau_accept, (list, tuple)) else (self.tau_accept,)
-        if self.router == "rules" and not self.sampling.greedy and SCORES[self.score].probabilistic and any(not float(t) > 0 for t in taus):
+        rules_sampled = self.router == "rules" and not self.sampling.greedy
+        if rules_sampled and SCORES[self.score].probabilistic and any(not float(t) > 0 for t in taus):
             # sampling mode accepts with probability min(1, s / tau_accept): tau must be positive
             raise PolicyError(f"tau_accept must be > 0 for the {self.score!r} score in sampling mode, got {self.tau_accept}")
 
