@@ -1,4 +1,4 @@
-# The VIA-SD study: prepare_data -> train_models -> dimr_search -> tune_thresholds -> decode -> evaluate -> report.
+# The VIA-SD study: prepare_data -> train_models -> dimr_search -> train_router -> tune_thresholds -> decode -> evaluate -> report.
 # Every rule calls a `viasd` subcommand; parameters come from params.yaml (validated on load), with
 # `--configfile config/smoke.yaml` merged over it for the smoke configuration.
 from snakemake.utils import min_version
@@ -16,6 +16,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/prepare_data.smk"
 include: "workflow/rules/train_models.smk"
 include: "workflow/rules/dimr_search.smk"
+include: "workflow/rules/train_router.smk"
 include: "workflow/rules/tune_thresholds.smk"
 include: "workflow/rules/decode.smk"
 include: "workflow/rules/evaluate.smk"

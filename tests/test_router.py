@@ -2,6 +2,7 @@
 loop, the router's training rows, the fit (hand-computed AUC / ECE, recovery of a known model), and
 the passes the engine no longer loses (catch-up folded into the block's full pass, block re-verification)."""
 
+import json
 import math
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 from conftest import PROMPTS
 from test_stats import check_accounting
 
-from viasd import DecodePolicy
+from viasd import DecodePolicy, load_models
 from viasd.decoding.router import FEATURES, LearnedRouter, LogisticHead, RouterRows
 from viasd.errors import PolicyError, ViasdError
 from viasd.metrics.model_metrics import score_outputs
@@ -198,3 +199,35 @@ def test_verify_block_rechecks_the_escalated_blocks_own_positions(model_sets, to
     # positions settled in escalated blocks are counted as the full model's decision, not tier 1's
     assert again.stats.accepted_direct <= plain.accepted_direct
     assert _fidelity(models, ids, again.token_ids) >= _fidelity(models, ids, _run(models, ids, **kw).token_ids)
+
+
+def test_router_stage_fits_and_a_decode_uses_it(study):
+    """`viasd train-router` on the smoke family: the router file with held-out figures and its plot, the
+    probe on the shared trunk; a decode with it runs, and its tier decisions follow its probabilities."""
+    from viasd.decoding.reuse import prefix_length
+    from viasd.stages.dimr_stage import run_dimr_stage
+    from viasd.stages.paths import mask_paths, router_paths
+    from viasd.stages.router_stage import run_router_stage
+
+    _, params = study
+    run_dimr_stage(params, progress=False)
+    out = run_router_stage(params, progress=False)
+    paths = router_paths(params, "smoke")
+    assert paths["router"].exists() and paths["plot"].exists()
+    router = load_router(paths["router"])
+    keep = json.loads(mask_paths(params)["mask"].read_text())["keep_layers"]
+    assert router.probe_layers == prefix_length(keep) == out["config"]["probe_layers"]
+    assert router.info["rows"] == out["metrics"]["rows"] >= 50 and router.info["heldout_rows"] > 0
+    assert router.info["collect"]["gamma"] == 6 and router.info["oracle"]["tokens"] == 6 * 24
+    for head in ("draft", "slim"):
+        info = router.info[head]
+        assert info["auc"] is None or 0 <= info["auc"] <= 1
+        assert 0 <= info["ece"] <= 1 and sum(b["n"] for b in info["reliability"]) == info["heldout_rows"]
+    assert 0 < router.info["decision_seconds_per_block"] < 0.01
+    models = load_models(params.model_dir("target"), draft=params.model_dir("draft"), masks=[mask_paths(params)["mask"]],
+                         device="cpu", dtype="float32")
+    models.router = router
+    prompt = list(range(5, 30))
+    r = _run(models, prompt, method="viasd", router="learned", tau_accept=0.6, tau_slim=0.6, reuse=True)
+    check_accounting(r.stats)
+    assert len(r.token_ids) == N_NEW and r.stats.router_time_s > 0

@@ -23,6 +23,7 @@ from viasd.search.pass_cost import cost_per_token, costs_from_json
 from viasd.search.thresholds import POLICY_KEYS, InfeasibleError
 from viasd.stages.dimr_stage import run_dimr_stage
 from viasd.stages.paths import mask_paths, threshold_paths
+from viasd.stages.router_stage import run_router_stage
 from viasd.stages.thresholds_stage import run_thresholds_stage, warm_start_points
 
 
@@ -158,9 +159,16 @@ def test_impossible_budget_and_missing_calibration(study, tmp_path):
 def test_thresholds_stage_and_infeasible_constraint(study, tmp_path):
     _, params = study
     run_dimr_stage(params, progress=False)
+    run_router_stage(params, progress=False)
     results = run_thresholds_stage(params, progress=False)
-    # the smoke grid's viasd slims: the DIMR mask, the random mask and the independent model
-    assert list(results) == ["main", "mask_random", "independent"]
+    # the smoke grid's viasd slims: the DIMR mask, the random mask and the independent model, and the hand
+    # rules tuned alone for the DIMR slim (the router ablation)
+    assert list(results) == ["main", "mask_random", "independent", "rules"]
+    assert results["main"]["signature"]["config"]["routers"] == ["rules", "learned"]
+    assert results["main"]["signature"]["router"]  # the router file's hash: a refitted router is a new search
+    for slim in ("mask_random", "independent", "rules"):
+        assert results[slim]["signature"]["config"]["routers"] == ["rules"] and results[slim]["router"] == "rules"
+    assert results["rules"]["mask"] == results["main"]["mask"] and "same_mask_as" not in results["rules"]
     for slim, result in results.items():
         paths = threshold_paths(params, "stdlib_continuation", slim=slim)
         assert paths["json"].exists() and paths["plot"].exists() and paths["trace"].exists()
@@ -182,6 +190,7 @@ def test_thresholds_stage_and_infeasible_constraint(study, tmp_path):
     main_cost = results["main"]["pass_cost_model"]
     assert {"draft:1", "target:4"} <= set(main_cost)  # tiers off: the unshared full model
     assert all(r["signature"]["pass_cost_model"] == main_cost for s, r in results.items() if s != "main")
+    del results["rules"]  # the DIMR slim again: what follows compares the slims
     independent = results["independent"]["pass_cost_model"]
     # the 2-layer independent model shares main's costs only if main's slim is an unshared 2-layer pass too
     assert "slim:2" in independent and (independent == main_cost) == ("slim:2" in main_cost)
@@ -202,6 +211,7 @@ def test_thresholds_stage_and_infeasible_constraint(study, tmp_path):
     first = min((t for t in traces["mask_random"] if not t["tiers_off"]), key=lambda t: t["number"])
     assert {k: first[k] for k in POLICY_KEYS} == {k: warm[0][k] for k in POLICY_KEYS}
     again = run_thresholds_stage(params, progress=False)  # no-op re-run
+    del again["rules"]
     assert again == {slim: {**r, "up_to_date": True} for slim, r in results.items()}
 
 

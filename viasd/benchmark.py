@@ -43,6 +43,16 @@ from .search.pass_cost import cost_per_token, costs_to_json, fit_pass_costs, wid
 log = logging.getLogger(__name__)
 
 OURS = ("ar", "sd", "cascade_sd", "spec_cascade", "viasd")
+# VIA-SD variants beside the tuned `viasd`: the oracle router (the ceiling of any router: the target's greedy
+# token decides, its peek passes not counted) and the hand-set rules tuned on their own (the rules ablation)
+VIASD_VARIANTS = ("viasd_oracle", "viasd_rules")
+
+
+def oracle_settings(viasd: dict | None) -> dict:
+    """The oracle beside a tuned policy: its gamma, every tier decided by the oracle (none off)."""
+    gamma = (viasd or {}).get("gamma")
+    return {"router": "oracle", "tau_accept": 1.0, "tau_slim": 0.5, "gate": 0.0, "max_lag": 0, "verify_lagged": False,
+            **({"gamma": gamma} if gamma else {})}
 HF = ("hf_ar", "hf_assisted", "hf_assisted_fixed")
 
 
@@ -140,8 +150,10 @@ def hf_generate(models: ModelSet, max_new_tokens: int, assistant: bool, assistan
 
 
 def method_table(models: ModelSet, names: list[str], gamma: int, max_new_tokens: int, viasd: dict | None = None,
-                 spec_cascade: dict | None = None, engine: dict | None = None) -> list[BenchMethod]:
-    """The benchmark's methods: ours with `gamma` (viasd with its tuned thresholds when given), and HF's."""
+                 spec_cascade: dict | None = None, engine: dict | None = None,
+                 variants: dict[str, dict] | None = None) -> list[BenchMethod]:
+    """The benchmark's methods: ours with `gamma` (viasd with its tuned thresholds when given; `variants`:
+    the settings of `VIASD_VARIANTS`, e.g. the rules' own tuned thresholds), and HF's."""
     base = DecodePolicy(method="ar", gamma=gamma, max_new_tokens=max_new_tokens, eos_token_ids=(), exact_timing=True,
                         **(engine or {}))
     out = []
@@ -152,15 +164,18 @@ def method_table(models: ModelSet, names: list[str], gamma: int, max_new_tokens:
             out.append(BenchMethod(name, assistant_tokens=gamma))
         elif name == "viasd":
             out.append(BenchMethod(name, replace(base, method="viasd", **(viasd or {}))))
+        elif name in VIASD_VARIANTS:
+            settings = (variants or {}).get(name, oracle_settings(viasd) if name == "viasd_oracle" else viasd)
+            out.append(BenchMethod(name, replace(base, method="viasd", **(settings or {}))))
         elif name == "spec_cascade":
             out.append(BenchMethod(name, replace(base, method="spec_cascade", **(spec_cascade or {}))))
         elif name in OURS:
             out.append(BenchMethod(name, replace(base, method=name)))
         else:
-            raise BenchError(f"unknown benchmark method {name!r}; choose from {', '.join(OURS + HF)}")
+            raise BenchError(f"unknown benchmark method {name!r}; choose from {', '.join(OURS + VIASD_VARIANTS + HF)}")
     if any(m.name != "ar" and m.name != "hf_ar" for m in out) and models.draft is None:
         raise BenchError("the speculative methods need a draft model")
-    if any(m.name in ("cascade_sd", "viasd") for m in out) and not models.slims:
+    if any(m.name in ("cascade_sd", "viasd", *VIASD_VARIANTS) for m in out) and not models.slims:
         raise BenchError("cascade_sd and viasd need a slim verifier (a routing mask)")
     return out
 
@@ -288,6 +303,8 @@ def summarise(methods, seconds, n_tokens, stats, counts, memory) -> dict:
                         "mean_accepted_length": s.mean_accepted_length, "tokens_per_block": s.tokens_per_block,
                         "block_escalation_rate": s.block_escalation_rate, "gated_rate": s.gated_rate,
                         "position_pass_rates": s.position_pass_rates(), "lagged_rolled_back": s.lagged_rolled_back,
+                        "position_escalation_rate": s.position_escalation_rate, "slim_error_rate": s.slim_error_rate,
+                        "router_seconds_per_block": s.router_time_s / s.blocks if s.blocks else None,
                         "layer_tokens_per_token": {k: v / max(s.new_tokens, 1) for k, v in s.layer_tokens.items()},
                         "pass_cost_s": {k: s.time_s[k] / s.passes[k] for k in s.passes if s.passes[k]}})
         else:  # transformers: one target pass per verify step
@@ -314,8 +331,17 @@ def summarise(methods, seconds, n_tokens, stats, counts, memory) -> dict:
     unit = fit_pass_costs(stats.values())
     model_time = {n: cost_per_token(widths_per_token(st), unit) for n, st in stats.items()}
     ratios_model = {f"{a}_vs_{b}_model": model_time[b] / model_time[a]
-                    for a, b in (("viasd", "sd"), ("viasd", "spec_cascade"), ("sd", "ar"), ("viasd", "ar"))
+                    for a, b in (("viasd", "sd"), ("viasd", "spec_cascade"), ("sd", "ar"), ("viasd", "ar"),
+                                 ("viasd_oracle", "sd"), ("viasd_rules", "sd"))
                     if a in model_time and b in model_time and model_time[a]}
+    for name, st in stats.items():
+        if st.peek_passes:  # an oracle's timed rounds include its peeks: its time without them (checked round's)
+            per[name]["tokens_per_second_without_peek"] = n_tokens / (statistics.median(seconds[name]) - st.peek_time_s)
+    if "viasd_oracle" in per and "sd" in med:
+        ratios["viasd_oracle_vs_sd"] = per["viasd_oracle"]["tokens_per_second_without_peek"] / med["sd"]
+    ratios["viasd_rules_vs_sd"] = ratio("viasd_rules", "sd")
+    headroom = {kind: headroom_share(r.get(f"viasd_vs_sd{suffix}"), r.get(f"viasd_oracle_vs_sd{suffix}"))
+                for kind, r, suffix in (("measured", ratios, ""), ("model", ratios_model, "_model"))}
     if ar is not None and ar.passes.get("target") and "ar" in med:
         step = ar.time_s["target"] / ar.passes["target"]
         for name in ("sd", "cascade_sd", "spec_cascade", "viasd"):
@@ -328,7 +354,16 @@ def summarise(methods, seconds, n_tokens, stats, counts, memory) -> dict:
                     entry["ideal_speedup_closed_form"] = _closed_form(stats[name], step)
                 efficiency[name] = entry
     return {"methods": per, "ratios": {k: v for k, v in ratios.items() if v is not None}, "efficiency": efficiency,
-            "ratios_model": ratios_model, "pass_cost_model": costs_to_json(unit), "best_hf_assisted": best_hf_assisted}
+            "ratios_model": ratios_model, "pass_cost_model": costs_to_json(unit), "best_hf_assisted": best_hf_assisted,
+            "oracle_headroom_taken": {k: v for k, v in headroom.items() if v is not None}}
+
+
+def headroom_share(viasd_vs_sd: float | None, oracle_vs_sd: float | None) -> float | None:
+    """The share of the oracle's headroom over SD that VIA-SD takes: `(viasd/sd - 1) / (oracle/sd - 1)`
+    (None when either is missing or the oracle does not beat SD)."""
+    if viasd_vs_sd is None or oracle_vs_sd is None or oracle_vs_sd <= 1:
+        return None
+    return (viasd_vs_sd - 1) / (oracle_vs_sd - 1)
 
 
 def _closed_form(s: DecodeStats, step: float) -> float | None:
@@ -363,6 +398,11 @@ def markdown(result: dict, title: str) -> str:
                      f"{tie['position']}: a numerical tie (logit gap {tie['logit_gap']:.3g}, noise {tie['noise']:.3g})")
     lines += ["", "| ratio | value |", "|---|---|"] + [f"| {k} | {v:.3f} |" for k, v in result["ratios"].items()]
     lines += [f"| {k} (cost model) | {v:.3f} |" for k, v in result.get("ratios_model", {}).items()]
+    lines += [f"| share of the oracle's headroom over sd taken by viasd ({k}) | {v:.3f} |"
+              for k, v in result.get("oracle_headroom_taken", {}).items()]
+    if "viasd_oracle" in result["methods"]:
+        lines.append("\nviasd_oracle's timed tokens/s include its peek passes (the target's greedy tokens it decides "
+                     "by); `viasd_oracle_vs_sd` uses its time without them, and the cost model never prices them.")
     lines += ["", "| method | measured speedup vs ar | ideal | efficiency |", "|---|---|---|---|"]
     lines += [f"| {k} | {f(v['measured_speedup'])} | {f(v['ideal_speedup'])} | {f(v['efficiency'])} |"
               for k, v in result["efficiency"].items()]

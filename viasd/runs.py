@@ -8,6 +8,10 @@ Ablations:
                                                     with the full model: reuse; compares prefix sizes)
   independent                                       a separately trained model in the slim's place
   no_tier2                                          VIA-SD without tier 2 (tau_slim = inf)
+  rules                                             VIA-SD with the hand-set tier rules (score / confidence
+                                                    thresholds), tuned without the learned router
+  oracle                                            VIA-SD decided by the oracle router (the target's greedy
+                                                    token, peeked apart): the ceiling of any router
   gamma_<n>                                         draft block length n instead of the tuned/default one
 """
 
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 from .decoding.policy import METHODS
 
 ROUTED = ("cascade_sd", "viasd")  # methods with a slim verifier
+VIASD_ONLY = ("no_tier2", "rules", "oracle")  # ablations of VIA-SD's tier decisions
 _GAMMA = re.compile(r"gamma_([1-9][0-9]*)$")
 _PREFIX = re.compile(r"prefix_(0|[1-9][0-9]*)$")
 
@@ -76,9 +81,9 @@ def parse_run(text: str) -> RunSpec:
             raise ValueError(f"{text!r}: {ablation} changes the slim verifier, which only "
                              f"{' and '.join(ROUTED)} have")
         return spec
-    if ablation == "no_tier2":
+    if ablation in VIASD_ONLY:
         if method != "viasd":
-            raise ValueError(f"{text!r}: no_tier2 is a VIA-SD ablation")
+            raise ValueError(f"{text!r}: {ablation} is a VIA-SD ablation")
         return spec
-    raise ValueError(f"{text!r}: unknown ablation {ablation!r}; ablations: {', '.join(routed_only)}, no_tier2, "
-                     "gamma_<n>, prefix_<n>")
+    raise ValueError(f"{text!r}: unknown ablation {ablation!r}; ablations: {', '.join(routed_only)}, "
+                     f"{', '.join(VIASD_ONLY)}, gamma_<n>, prefix_<n>")

@@ -19,6 +19,7 @@ from .stages import (
     _add_resolve_params,
     _add_tracking_init,
     _add_train_model,
+    _add_train_router,
     _add_tune_thresholds,
 )
 
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_model(sub)
     _add_decode(sub)
     _add_dimr_search(sub)
+    _add_train_router(sub)
     _add_tune_thresholds(sub)
     _add_evaluate(sub)
     _add_report(sub)

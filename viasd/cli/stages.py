@@ -128,12 +128,34 @@ def _dimr_search_one(args, params, pair, **overrides) -> None:
 
 
 
+def _add_train_router(sub) -> None:
+    p = stage_parser(sub, "train-router", "fit the learned router of the pair's DIMR slim on oracle decodes of the "
+                     "calibration set", _train_router)
+    add_pair(p)
+
+
+def _train_router(args) -> int:
+    from ..stages.paths import mask_paths
+    from ..stages.router_stage import run_router_stage
+
+    params = load_params(args)
+    pair = params.pair(args.pair)
+    out = run_router_stage(params, pair.name)
+    track(args, params, "train_router", f"train_router/{pair.name}", out["config"], out["metrics"], {},
+          out["artifacts"],
+          inputs=input_files(params, pair) | {"mask": mask_paths(params, pair.name)["mask"],
+                                              "data.calibration": params.data.dir / "calibration.parquet"})
+    print(json.dumps({"pair": pair.name, **{k: out["metrics"][k] for k in ("rows", "draft_auc", "draft_ece",
+                                                                           "slim_auc", "slim_ece")}}))
+    return 0
+
+
 def _slim_name(text: str) -> str:
     from ..runs import parse_run
     from ..stages.slims import SLIM_ABLATIONS
 
     try:
-        if text == "main" or text in SLIM_ABLATIONS or parse_run(f"viasd-{text}").prefix is not None:
+        if text in ("main", "rules") or text in SLIM_ABLATIONS or parse_run(f"viasd-{text}").prefix is not None:
             return text
     except ValueError:
         pass
@@ -148,7 +170,7 @@ def _add_tune_thresholds(sub) -> None:
     add_pair(p)
     p.add_argument("--task", help="default: thresholds.task of params.yaml")
     p.add_argument("--slim", action="append", type=_slim_name,
-                   help="main, " + ", ".join(SLIM_ABLATIONS) + ", prefix_<n>: tune for this slim verifier only "
+                   help="main, rules, " + ", ".join(SLIM_ABLATIONS) + ", prefix_<n>: tune for this slim verifier only "
                         "(repeatable; default: main, and with thresholds.per_slim every slim ablation of study.runs)")
 
 

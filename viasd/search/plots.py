@@ -94,3 +94,25 @@ def speed_quality(trials: list[dict], best: dict, quality, path: Path, title: st
     fig.suptitle(title, fontsize=10)
     save_figure(fig, path)
     plt.close(fig)
+
+
+def router_reliability_plot(info: dict, path: Path) -> None:
+    """The router's reliability curves on its held-out decodes: mean predicted probability against the
+    observed rate per bin, for both heads, with held-out AUC and ECE in the legend."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5, 4.5))
+    ax.plot([0, 1], [0, 1], color="grey", ls=":", lw=1, label="perfect calibration")
+    for name, colour in (("draft", "tab:blue"), ("slim", "tab:orange")):
+        head = info[name]
+        bins = head["reliability"]
+        auc = "–" if head["auc"] is None else f"{head['auc']:.3f}"
+        ece = "–" if head["ece"] is None else f"{head['ece']:.3f}"
+        ax.plot([b["predicted"] for b in bins], [b["observed"] for b in bins], marker="o", color=colour,
+                label=f"P({name} right): AUC {auc}, ECE {ece}")
+    ax.set_xlabel("predicted probability (held-out decodes)")
+    ax.set_ylabel("observed share right")
+    ax.set_title(f"router reliability, {info.get('heldout_rows', 0)} held-out rows")
+    ax.legend(fontsize=7, loc="upper left")
+    ax.grid(alpha=0.3)
+    save_figure(fig, path)
+    plt.close(fig)

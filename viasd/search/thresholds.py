@@ -70,6 +70,11 @@ class ThresholdConfig:
     gate: tuple[float, float] = (0.0, 0.9)  # draft-confidence gate; 0 = off
     max_lag: tuple[int, ...] = (0, 16)
     verify_lagged: tuple[bool, ...] = (True, False)
+    verify_block: tuple[bool, ...] = (False,)
+    # who decides the tiers: the hand-set rules (score / confidence above), or the learned router with its
+    # two probability thresholds searched on `tau_router` (only where the search's models carry a router)
+    routers: tuple[str, ...] = ("rules",)
+    tau_router: tuple[float, float] = (0.3, 0.99)
     # a tiered policy replaces SD only if the cost model says it saves at least this share of SD's cost:
     # below it the saving is within the resolution of the measured per-pass costs (a fully gated policy,
     # i.e. SD with split passes, can look a few percent cheaper or dearer by measurement noise alone)
@@ -206,20 +211,27 @@ class DevSet:
 
 
 def suggest_policy(trial, base: DecodePolicy, cfg: ThresholdConfig) -> DecodePolicy:
-    """One point of the search space; `tau_accept` is searched per kind of score (its own parameter)."""
-    score = trial.suggest_categorical("score", list(cfg.scores))
-    if score in PROBABILITY_SCORES:
-        tau_accept = trial.suggest_float("tau_accept_prob", *cfg.tau_accept_prob)
+    """One point of the search space; `tau_accept` is searched per kind of score (its own parameter), and
+    with the learned router both thresholds are probabilities (`tau_router_accept`, `tau_router_slim`)."""
+    router = trial.suggest_categorical("router", list(cfg.routers)) if len(cfg.routers) > 1 else cfg.routers[0]
+    if router == "learned":
+        tiers = dict(router=router, tau_accept=trial.suggest_float("tau_router_accept", *cfg.tau_router),
+                     tau_slim=trial.suggest_float("tau_router_slim", *cfg.tau_router))
     else:
-        tau_accept = trial.suggest_float("tau_accept_ratio", *cfg.tau_accept, log=True)
-    return replace(base,
+        score = trial.suggest_categorical("score", list(cfg.scores))
+        if score in PROBABILITY_SCORES:
+            tau_accept = trial.suggest_float("tau_accept_prob", *cfg.tau_accept_prob)
+        else:
+            tau_accept = trial.suggest_float("tau_accept_ratio", *cfg.tau_accept, log=True)
+        tiers = dict(router=router, score=score, tau_accept=tau_accept,
+                     confidence=trial.suggest_categorical("confidence", list(cfg.confidences)),
+                     tau_slim=trial.suggest_float("tau_slim", *cfg.tau_slim))
+    return replace(base, **tiers,
                    gamma=trial.suggest_categorical("gamma", list(cfg.gamma)),
-                   score=score, tau_accept=tau_accept,
-                   confidence=trial.suggest_categorical("confidence", list(cfg.confidences)),
-                   tau_slim=trial.suggest_float("tau_slim", *cfg.tau_slim),
                    gate=_suggest_gate(trial, cfg),
                    max_lag=trial.suggest_categorical("max_lag", list(cfg.max_lag)),
-                   verify_lagged=trial.suggest_categorical("verify_lagged", list(cfg.verify_lagged)))
+                   verify_lagged=trial.suggest_categorical("verify_lagged", list(cfg.verify_lagged)),
+                   verify_block=trial.suggest_categorical("verify_block", list(cfg.verify_block)))
 
 
 def _suggest_gate(trial, cfg: ThresholdConfig) -> float:
@@ -230,7 +242,8 @@ def _suggest_gate(trial, cfg: ThresholdConfig) -> float:
     return trial.suggest_float("gate", *cfg.gate)
 
 
-POLICY_KEYS = ("gamma", "tau_accept", "tau_slim", "score", "confidence", "gate", "max_lag", "verify_lagged")
+POLICY_KEYS = ("gamma", "tau_accept", "tau_slim", "score", "confidence", "gate", "max_lag", "verify_lagged", "router",
+               "verify_block")
 
 
 def _point(policy: DecodePolicy, measured: dict, cfg: ThresholdConfig, **extra) -> dict:
@@ -274,10 +287,16 @@ def _recosted(point: dict, dev: DevSet) -> dict:
 
 def search_params(point: dict, cfg: ThresholdConfig) -> dict:
     """The Optuna parameters (`suggest_policy`'s names) of a policy `point` (a trial of another search)."""
-    score = point["score"]
-    out = {"score": score, "gamma": point["gamma"], "confidence": point["confidence"], "tau_slim": point["tau_slim"],
-           "max_lag": point["max_lag"], "verify_lagged": point["verify_lagged"],
-           ("tau_accept_prob" if score in PROBABILITY_SCORES else "tau_accept_ratio"): point["tau_accept"]}
+    score, router = point["score"], point.get("router", "rules")
+    out = {"gamma": point["gamma"], "max_lag": point["max_lag"], "verify_lagged": point["verify_lagged"],
+           "verify_block": point.get("verify_block", False)}
+    if len(cfg.routers) > 1:
+        out["router"] = router
+    if router == "learned":
+        out.update(tau_router_accept=point["tau_accept"], tau_router_slim=point["tau_slim"])
+    else:
+        out.update({"score": score, "confidence": point["confidence"], "tau_slim": point["tau_slim"],
+                    ("tau_accept_prob" if score in PROBABILITY_SCORES else "tau_accept_ratio"): point["tau_accept"]})
     if cfg.gate[1] > cfg.gate[0]:
         out["gate_on"] = point["gate"] > cfg.gate[0]
         if out["gate_on"]:

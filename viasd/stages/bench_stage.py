@@ -19,7 +19,7 @@ from ..benchmark import (
 from ..config import Params
 from ..io import write_json, write_text
 from .decode_stage import TUNED_KEYS, engine_options
-from .paths import bench_paths, mask_paths, threshold_paths
+from .paths import bench_paths, mask_paths, router_paths, threshold_paths
 
 log = logging.getLogger(__name__)
 SWEEPS = ("gamma", "length", "prompt", "position", "frontier")
@@ -27,6 +27,8 @@ SWEEPS = ("gamma", "length", "prompt", "position", "frontier")
 FRONTIER_TAU_ACCEPT = {"ratio": (0.25, 0.5, 1.0, 2.0, 3.0), "prob": (0.2, 0.35, 0.5, 0.7, 0.9)}
 FRONTIER_TAU_SLIM = (0.3, 0.5, 0.7, 0.9, float("inf"))
 FRONTIER_ALPHA = (0.05, 0.1, 0.2, 0.3, 0.5)
+# the learned router's two probability thresholds (P(draft right), P(slim right); inf: no regeneration)
+FRONTIER_TAU_ROUTER = {"accept": (0.5, 0.7, 0.8, 0.9, 0.95), "slim": (0.5, 0.7, 0.9, float("inf"))}
 SWEEP_METHODS = ["hf_ar", "ar", "sd", "viasd"]
 
 
@@ -37,13 +39,18 @@ def run_setting(models) -> dict:
 
 
 def load_bench_models(params: Params, pair_name: str | None, device: str, dtype: str):
-    """The pair, with its DIMR mask as slim verifier when the search has run."""
+    """The pair, with its DIMR mask as slim verifier when the search has run, and its learned router when
+    `viasd train-router` has fitted one."""
     from ..models import load_models
+    from ..training.router import load_router
 
     pair = params.pair(pair_name)
     mask = mask_paths(params, pair.name)["mask"]
     models = load_models(pair.target, draft=pair.draft, masks=[mask] if mask.exists() else [], device=device,
                          dtype=dtype if dtype != "auto" else pair.dtype, trust_remote_code=pair.trust_remote_code)
+    router = router_paths(params, pair.name)["router"]
+    if router.exists():
+        models.router = load_router(router)
     return pair, models
 
 
@@ -79,9 +86,10 @@ def task_references(params: Params, task: str, n: int, max_new: int) -> tuple[li
     return [e.reference for e in load_examples(params.data.dir, task, "test")[:n]], metric
 
 
-def viasd_settings(params: Params, pair: str, task: str) -> dict:
-    """The tuned VIA-SD thresholds of the pair and task when they exist, else the policy defaults."""
-    path = threshold_paths(params, task, pair, "main")["json"]
+def viasd_settings(params: Params, pair: str, task: str, slim: str = "main") -> dict:
+    """The tuned VIA-SD thresholds of the pair and task (`slim`: `main`, or `rules` for the hand rules tuned
+    alone) when they exist, else the policy defaults."""
+    path = threshold_paths(params, task, pair, slim)["json"]
     if not path.exists():
         log.warning("no tuned thresholds at %s; viasd runs with default thresholds", path)
         return {}
@@ -97,7 +105,11 @@ def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: l
     gamma = gamma or params.raw["decode"]["gamma"]
     max_new = max_new_tokens or params.tasks.get(task, {}).get("max_new_tokens", 128)
     cascade = params.raw["decode"].get("spec_cascade") or {}
-    table = method_table(models, methods, gamma, max_new, viasd_settings(params, pair.name, task), cascade, engine)
+    rules = threshold_paths(params, task, pair.name, "rules")["json"]
+    methods = [m for m in methods if m != "viasd_rules" or rules.exists()]  # the rules' own search, when it ran
+    variants = {"viasd_rules": viasd_settings(params, pair.name, task, "rules")} if rules.exists() else {}
+    table = method_table(models, methods, gamma, max_new, viasd_settings(params, pair.name, task), cascade, engine,
+                         variants)
     references, metric = task_references(params, task, prompts, max_new)
     result = run_benchmark(models, bench_prompts(params, models, task, prompts), table, max_new, repeats, progress,
                            references, metric)
@@ -205,15 +217,17 @@ def frontier_table(models, viasd: dict, gamma: int, max_new: int, cascade: dict,
     """`ar`, `sd`, the tuned `viasd` policy, a grid of `viasd` tier thresholds (the tuned rules, or the
     defaults when the tuned policy is tiers off; the draft gate off, so that every point shows what the
     tiers themselves trade), each with the lagged tokens checked by the full model (`verify_lagged`) and
-    not (`unchecked`), and of `spec_cascade` lenience, each a named benchmark method."""
+    not (`unchecked`), with the learned router (when the pair has one) a grid of its two probability
+    thresholds, the oracle router, and of `spec_cascade` lenience, each a named benchmark method."""
     from dataclasses import replace
 
-    from ..benchmark import BenchMethod
+    from ..benchmark import BenchMethod, oracle_settings
     from ..search.thresholds import PROBABILITY_SCORES
 
     base = method_table(models, ["ar", "sd", "viasd", "spec_cascade"], gamma, max_new, None, cascade, engine)
     by_name = {m.name: m for m in base}
-    tuned = {k: v for k, v in viasd.items() if k not in ("tau_accept", "tau_slim")}
+    tuned = {k: v for k, v in viasd.items() if k not in ("tau_accept", "tau_slim", "router", "score", "confidence")}
+    tuned.update({k: v for k, v in viasd.items() if k in ("score", "confidence") and viasd.get("router") != "learned"})
     if str(viasd.get("tau_accept")) == "inf" and str(viasd.get("tau_slim")) == "inf":  # tuned to SD: default rules
         tuned = {"gamma": viasd.get("gamma", gamma)}
     policy = replace(by_name["viasd"].policy, **tuned, gate=0.0)
@@ -222,6 +236,11 @@ def frontier_table(models, viasd: dict, gamma: int, max_new: int, cascade: dict,
     table += [BenchMethod(f"viasd ta={ta:g} ts={ts:g}{'' if vl else ' unchecked'}",
                           replace(policy, tau_accept=ta, tau_slim=ts, verify_lagged=vl))
               for vl in (True, False) for ta in grid for ts in FRONTIER_TAU_SLIM]
+    if models.router is not None:
+        table += [BenchMethod(f"viasd router pa={ta:g} ps={ts:g}",
+                              replace(policy, router="learned", tau_accept=ta, tau_slim=ts, verify_lagged=False))
+                  for ta in FRONTIER_TAU_ROUTER["accept"] for ts in FRONTIER_TAU_ROUTER["slim"]]
+    table.append(BenchMethod("viasd oracle", replace(policy, **oracle_settings({"gamma": policy.gamma}))))
     table += [BenchMethod(f"spec_cascade a={a:g}", replace(by_name["spec_cascade"].policy, alpha=a))
               for a in FRONTIER_ALPHA]
     return table
@@ -243,10 +262,11 @@ def run_frontier(params: Params, pair: str, models, task: str, prompts: int, max
     for m in table:
         row = res["methods"][m.name]
         policy = m.policy
-        points.append({"name": m.name, "method": policy.method, "tokens_per_second": row["tokens_per_second"]["median"],
+        points.append({"name": m.name, "method": policy.method, "router": policy.router,
+                       "tokens_per_second": row.get("tokens_per_second_without_peek", row["tokens_per_second"]["median"]),
                        **row["quality"], "acceptance_rate": row["acceptance_rate"],
                        **{k: row.get(k) for k in ("block_escalation_rate", "gated_rate", "position_pass_rates",
-                                                  "pass_cost_s")},
+                                                  "pass_cost_s", "position_escalation_rate", "slim_error_rate")},
                        "forward_passes_per_token": row["forward_passes_per_token"],
                        **({"tau_accept": policy.tau_accept, "tau_slim": policy.tau_slim, "score": policy.score,
                            "confidence": policy.confidence, "gamma": policy.gamma} if policy.method == "viasd" else {}),
@@ -283,16 +303,23 @@ def _frontier_plot(out: dict, path) -> None:
     if out["task_metric"]:
         measures.append(("task_score", f"{out['task_metric']} against the reference"))
     fig, axes = plt.subplots(1, len(measures), figsize=(6 * len(measures), 4.5), squeeze=False)
-    colours = {"ar": "black", "sd": "tab:green", "viasd": "tab:blue", "spec_cascade": "tab:orange"}
+    colours = {"ar": "black", "sd": "tab:green", "viasd": "tab:blue", "viasd router": "tab:purple",
+               "viasd oracle (peeks not timed)": "tab:red", "spec_cascade": "tab:orange"}
+
+    def kind(p):
+        if p["method"] != "viasd" or p.get("router", "rules") == "rules":
+            return p["method"]
+        return "viasd router" if p["router"] == "learned" else "viasd oracle (peeks not timed)"
+
     for ax, (key, label) in zip(axes[0], measures):
         for method, colour in colours.items():
             pts = sorted((p[key], p["tokens_per_second"], p["name"]) for p in out["points"]
-                         if p["method"] == method and p.get(key) is not None)
+                         if kind(p) == method and p.get(key) is not None)
             if not pts:
                 continue
             ax.scatter([x for x, _, _ in pts], [y for _, y, _ in pts], color=colour, s=24, label=method, zorder=3)
             for x, y, name in pts:
-                if method in ("viasd", "spec_cascade"):
+                if method not in ("ar", "sd"):
                     ax.annotate(name.split(" ", 1)[1], (x, y), textcoords="offset points", xytext=(3, 2), fontsize=6)
         ax.set_xlabel(label)
         ax.set_ylabel("tokens/s (median)")

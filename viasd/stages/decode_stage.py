@@ -19,7 +19,7 @@ from pathlib import Path
 from ..config import Params
 from ..decoding.policy import DEFAULT_CACHE, DecodePolicy
 from ..runs import RunSpec, parse_run
-from .paths import decode_paths, threshold_paths
+from .paths import decode_paths, router_paths, threshold_paths
 from .slims import (
     StudyInputError,
     mask_file,
@@ -29,7 +29,8 @@ from .slims import (
 )
 
 # what a thresholds file sets of the viasd policy (the search's POLICY_KEYS)
-TUNED_KEYS = ("gamma", "tau_accept", "tau_slim", "score", "confidence", "gate", "max_lag", "verify_lagged")
+TUNED_KEYS = ("gamma", "tau_accept", "tau_slim", "score", "confidence", "gate", "max_lag", "verify_lagged", "router",
+              "verify_block")
 
 __all__ = ["StudyInputError", "decode_paths", "run_decode_stage", "run_inputs", "run_policy"]
 
@@ -56,6 +57,13 @@ def run_inputs(params: Params, pair: str, task: str, run: str | RunSpec) -> dict
     return inputs
 
 
+def load_pair_router(params: Params, pair: str):
+    """The pair's learned router (`viasd train-router`), for policies tuned with `router: learned`."""
+    from ..training.router import load_router
+
+    return load_router(router_paths(params, pair)["router"])
+
+
 def run_policy(params: Params, pair: str, task: str, run: str | RunSpec) -> DecodePolicy:
     """The decoding policy of one grid cell: params.yaml's `decode` section, the tuned thresholds for
     `viasd`, and the run's ablation on top."""
@@ -72,6 +80,8 @@ def run_policy(params: Params, pair: str, task: str, run: str | RunSpec) -> Deco
         fields.update({k: tuned[k] for k in TUNED_KEYS if k in tuned})
     if spec.ablation == "no_tier2":
         fields["tau_slim"] = math.inf
+    if spec.ablation == "oracle":  # the tuned gamma and engine; the oracle decides every tier (none is off)
+        fields.update(router="oracle", tau_accept=1.0, tau_slim=0.5, gate=0.0, max_lag=0, verify_lagged=False)
     if spec.gamma is not None:
         fields["gamma"] = spec.gamma
     return DecodePolicy(**fields)
@@ -113,6 +123,9 @@ def run_decode_stage(params: Params, pair_name: str, task: str, runs: Sequence[s
     policies = {spec.name: run_policy(params, pair.name, task, spec) for spec in specs}
     reference = run_policy(params, pair.name, task, "ar")
     models = load_runs_models(params, pair, {spec.name: (spec, inputs[spec.name].get("mask")) for spec in specs})
+    for name, policy in policies.items():
+        if policy.router == "learned":
+            models[name].router = load_pair_router(params, pair.name)
     ar_models = next(iter(models.values()))
     cells = {spec.name: (models[spec.name], policies[spec.name]) for spec in specs if spec.method != "ar"}
     rows, stats, ar_rows, ar_stats = decode_side_by_side(ar_models, reference, cells, examples, task_spec, progress)

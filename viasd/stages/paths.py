@@ -106,3 +106,9 @@ def report_paths(params: Params) -> dict:
         out[f"{pair}-family.csv"] = base / "tables" / f"{pair}-family.csv"
     out["stage-times"] = base / "tables" / "stage-times.md"
     return out
+
+
+def router_paths(params: Params, pair: str) -> dict:
+    """The learned router of the pair's DIMR slim (`viasd train-router`) and its reliability plot."""
+    return {"router": params.models_dir / "routers" / pair / "main.json",
+            "plot": params.reports_dir / "router" / pair / "reliability.png"}

@@ -39,6 +39,7 @@ COLUMNS = (("run", "run"), ("method", "method"), ("ablation", "ablation"), ("rej
            ("acceptance_rate", "acceptance"), ("mean_accepted_length", "mean acc. length"),
            ("speedup_vs_ar", "speedup vs ar"), ("full_passes_per_token", "full passes/token"),
            ("block_escalation_rate", "block escalation"), ("gated_rate", "gated blocks"),
+           ("position_escalation_rate", "positions escalated"), ("slim_error_rate", "slim wrong (oracle)"),
            ("lagged_rolled_back", "rolled back"), ("tokens_per_second", "tokens/s"))
 # the three quality measures, first in every table (docs/quality.md); the task's own metrics follow
 QUALITY_FIRST = ("fidelity", "task_drop", "agreement")
@@ -233,6 +234,28 @@ def pass_cost_table(params: Params, pair: str, task: str) -> str:
                            ("vs_full", f"vs a full pass at γ {tuned['gamma']}")])
 
 
+def oracle_headroom(evals: list[dict]) -> str:
+    """`sd`, the tuned `viasd` and the `viasd-oracle` run side by side, and the share of the oracle's headroom
+    over SD that VIA-SD takes, `(viasd/sd - 1) / (oracle/sd - 1)` (speeds per generated token, measured in the
+    same decode job; the oracle's time leaves out its peek passes)."""
+    from ..benchmark import headroom_share
+
+    by_run = {e["run"]: e for e in evals}
+    sd, viasd, oracle = (by_run.get(r, {}).get("speedup_vs_ar") for r in ("sd", "viasd", "viasd-oracle"))
+    if not (sd and viasd and oracle):
+        return "The study has no `sd`, `viasd` and `viasd-oracle` runs to compare.\n"
+    share = headroom_share(viasd / sd, oracle / sd)
+    router = by_run["viasd"].get("policy", {}).get("router", "rules")
+    e_viasd = by_run["viasd"].get("position_escalation_rate")
+    slim_err = by_run["viasd-oracle"].get("slim_error_rate")
+    esc = "–" if e_viasd is None else f"{e_viasd:.3f}"
+    err = "–" if slim_err is None else f"{slim_err:.3f}"
+    return (f"Against `sd`: the tuned `viasd` ({router}) {viasd / sd:.3f}×, the oracle router {oracle / sd:.3f}× "
+            f"(measured without its peek passes); `viasd` takes "
+            f"{'–' if share is None else f'{share:.2f}'} of the oracle's headroom. Per position, `viasd` escalated "
+            f"{esc} of the positions its tiers examined, where the slim was wrong on {err} (oracle run).\n")
+
+
 def run_report_stage(params: Params) -> dict:
     from ..tasks import get_task
 
@@ -281,7 +304,7 @@ def run_report_stage(params: Params) -> dict:
                     f"![frontier](plots/{key}-frontier.png) ![tiers](plots/{key}-tiers.png)\n",
                     "Slim-tier pass rate by block position (share of the positions the tiers examined that they "
                     "settled without the full model; a block skips the full model only if every position passes):\n",
-                    positions,
+                    positions, oracle_headroom(evals),
                     f"Slim verifiers on the dev split, each with thresholds tuned for it ({bounds}; tiers off = plain "
                     "SD is always a candidate); cost/token is the cost model (draft, slim and full passes at "
                     "per-pass costs measured once, in the DIMR mask's search, and shared):\n", slims_md,

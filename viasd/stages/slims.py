@@ -49,23 +49,26 @@ def per_slim(params: Params) -> bool:
 
 
 def threshold_slim(params: Params, spec: RunSpec) -> str:
-    """Whose tuned thresholds a `viasd` run reads."""
+    """Whose tuned thresholds a `viasd` run reads: `rules` for the hand-rules ablation (the DIMR slim's
+    thresholds searched without the learned router), else its slim's (`main` without `thresholds.per_slim`)."""
+    if spec.ablation == "rules":
+        return "rules"
     return slim_name(params, spec) if per_slim(params) else "main"
 
 
 def slims_to_tune(params: Params) -> list[str]:
-    """`main`, plus (with `thresholds.per_slim`) every other slim a `viasd` run of `study.runs` uses."""
+    """`main`, plus every other threshold set a `viasd` run of `study.runs` reads: `rules` for the
+    hand-rules ablation, and (with `thresholds.per_slim`) each slim ablation's."""
     slims = ["main"]
-    if per_slim(params):
-        for run in params.study["runs"]:
-            spec = parse_run(run)
-            if spec.method == "viasd" and slim_name(params, spec) not in slims:
-                slims.append(slim_name(params, spec))
+    for run in params.study["runs"]:
+        spec = parse_run(run)
+        if spec.method == "viasd" and threshold_slim(params, spec) not in slims:
+            slims.append(threshold_slim(params, spec))
     return slims
 
 
 def slim_spec(slim: str) -> RunSpec:
-    """The VIA-SD run that uses `slim`."""
+    """The VIA-SD run that uses `slim` (`rules`: the DIMR slim, decided by the hand-set rules)."""
     return parse_run("viasd" if slim == "main" else f"viasd-{slim}")
 
 

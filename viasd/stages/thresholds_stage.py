@@ -15,6 +15,7 @@ Nothing is written for a slim whose search meets no candidate under the quality 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -29,7 +30,7 @@ from ..search.plots import speed_quality
 from ..search.thresholds import POLICY_KEYS, DevSet, ThresholdConfig, tune_thresholds
 from ..tasks import get_task, load_examples
 from .dimr_stage import optuna_storage, study_name
-from .paths import threshold_paths
+from .paths import router_paths, threshold_paths
 from .slims import load_run_models, mask_file, slim_description, slim_spec, slims_to_tune
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ def run_thresholds_stage(params: Params, task: str | None = None, progress: bool
     for slim in slims:
         if slim == "main":
             continue
-        if "main" in results and slim_description(params, pair.name, slim_spec(slim)) == main_mask:
+        if slim != "rules" and "main" in results and slim_description(params, pair.name, slim_spec(slim)) == main_mask:
             results[slim] = same_mask_as_main(params, pair.name, task, slim, results["main"])
         else:
             results[slim] = tune_slim(params, pair, task, slim, progress, shared, common=common, warm_start=warm)
@@ -109,7 +110,8 @@ def warm_start_points(params: Params, pair: str, task: str, k: int = WARM_START)
     if not trace.exists():
         return []
     trials = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
-    tiered = sorted((t for t in trials if t.get("feasible") and not t.get("tiers_off")), key=lambda t: t["cost_per_token"])
+    tiered = sorted((t for t in trials if t.get("feasible") and not t.get("tiers_off") and t.get("router", "rules") == "rules"),
+                    key=lambda t: t["cost_per_token"])  # the ablations' searches use the hand rules
     return [{k_: (math.inf if v == "inf" else v) for k_, v in t.items()} for t in tiered[:k]]
 
 
@@ -123,6 +125,9 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     cfg = threshold_config(params)
     if slim != "main" and section.get("ablation_trials"):
         cfg = replace(cfg, n_trials=section["ablation_trials"])
+    if slim != "main":  # the router is fitted for the DIMR slim; the ablations (and `rules`) use the hand rules
+        cfg = replace(cfg, routers=("rules",))
+    router_file = router_paths(params, pair.name)["router"] if "learned" in cfg.routers else None
     paths = threshold_paths(params, task, pair.name, slim)
     spec = slim_spec(slim)
     from .decode_stage import engine_options  # decode_stage imports this module
@@ -132,11 +137,17 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
                  "slim": slim, "mask": slim_description(params, pair.name, spec), "cost_model": COST_MODEL}
     if pass_cost is not None:
         signature["pass_cost_model"] = costs_to_json(pass_cost)
+    if router_file is not None:  # a refitted router is a new search
+        signature["router"] = hashlib.sha256(router_file.read_bytes()).hexdigest() if router_file.exists() else None
     signature = json.loads(json.dumps(signature))  # as it reads back from the file
     if paths["json"].exists() and json.loads(paths["json"].read_text()).get("signature") == signature:
         log.info("thresholds %s are up to date; nothing to do", paths["json"])
         return {**json.loads(paths["json"].read_text()), "up_to_date": True}
     models = load_run_models(params, pair, spec, mask_file(params, pair.name, spec))
+    if router_file is not None:
+        from ..training.router import load_router
+
+        models.router = load_router(router_file)
     examples = load_examples(params.data.dir, task, "dev")[: section.get("dev_prompts")]
     max_new = params.tasks.get(task, {}).get("max_new_tokens", 128)
     common = {} if common is None else common

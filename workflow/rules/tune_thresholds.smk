@@ -5,6 +5,7 @@ rule tune_thresholds:
         f"{DATA}/tasks/{{task}}/dev.jsonl",
         models=lambda w: pair_models(w.pair, ["target", "draft", "independent"]),
         masks=f"{MODELS}/masks/{{pair}}",
+        router=f"{MODELS}/routers/{{pair}}",
     output:
         thresholds=directory(f"{MODELS}/thresholds/{{pair}}-{{task}}"),
         plots=report(

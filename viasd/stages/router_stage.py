@@ -1,0 +1,106 @@
+"""`viasd train-router`: the learned router of a pair's DIMR slim (docs/method.md, "The router").
+
+Rows: oracle decodes (`router: oracle`) of the calibration windows' first `router.prompt_tokens` tokens,
+`router.max_new_tokens` new tokens each, at block length `router.gamma` (default: the largest gamma the
+threshold search tries, so that every block position it can pick is seen). The calibration split is the
+one the mask search uses: no task prompt, dev or test, is read. Fit and held-out figures:
+`training.router`. Outputs: `models/routers/<pair>/main.json` (the router, its held-out AUC / ECE and the
+oracle decodes' figures) and `reports/router/<pair>/reliability.png`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from ..config import Params
+from ..decoding.policy import DecodePolicy
+from ..decoding.reuse import prefix_length
+from ..decoding.router import RouterRows
+from ..decoding.stats import DecodeStats
+from ..search.calibration import load_calibration
+from ..training.router import fit_router, save_router
+from .decode_stage import engine_options
+from .paths import mask_paths, router_paths
+from .slims import read_json
+
+log = logging.getLogger(__name__)
+
+DEFAULTS = {"gamma": None, "prompts": 64, "prompt_tokens": 128, "max_new_tokens": 128, "probe": True, "l2": 1e-3,
+            "holdout": 0.25}
+
+
+def router_config(params: Params) -> dict:
+    """`router:` of params.yaml over the defaults (gamma: the largest of `thresholds.gamma`)."""
+    cfg = {**DEFAULTS, **(params.raw.get("router") or {})}
+    if cfg["gamma"] is None:
+        cfg["gamma"] = max(params.raw.get("thresholds", {}).get("gamma", [4]))
+    return cfg
+
+
+def _router_cost(router, gamma: int, width: int, repeats: int = 2000) -> float:
+    """Seconds per block of the router's decision (both heads on `gamma + 1` rows), on the CPU."""
+    z = torch.randn((gamma + 1, width))
+    router.draft(z[:-1]), router.slim(z)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        router.draft(z[:-1]), router.slim(z)
+    return (time.perf_counter() - start) / repeats
+
+
+def run_router_stage(params: Params, pair_name: str | None = None, progress: bool = True) -> dict:
+    """Collect the rows, fit, write the router and its reliability plot; returns the stage's record."""
+    from tqdm.auto import tqdm
+
+    from ..models import load_models
+    from ..search.plots import router_reliability_plot
+
+    pair = params.pair(pair_name)
+    cfg = router_config(params)
+    mask_path = mask_paths(params, pair.name)["mask"]
+    keep = read_json(mask_path, "the routing mask")["keep_layers"]
+    models = load_models(pair.target, draft=pair.draft, masks=[mask_path], device=params.device, dtype=pair.dtype,
+                         trust_remote_code=pair.trust_remote_code)
+    windows = load_calibration(params.data.dir / "calibration.parquet")[: cfg["prompts"]]
+    engine = engine_options(params)
+    policy = DecodePolicy(method="viasd", router="oracle", gamma=cfg["gamma"], max_new_tokens=cfg["max_new_tokens"],
+                          eos_token_ids=(), seed=params.seed, **engine)
+    rows, parts = RouterRows(), []
+    start = time.perf_counter()
+    for k, window in enumerate(tqdm(windows, desc="router: oracle decodes", disable=not progress, unit="prompt")):
+        rows.current_group = k
+        parts.append(models.generate(window[: cfg["prompt_tokens"]].tolist(), policy, router_rows=rows).stats)
+    collect_seconds = time.perf_counter() - start
+    data = rows.tensors()
+    probe = prefix_length(keep) if cfg["probe"] and data["hidden"].shape[1] else 0
+    if cfg["probe"] and not probe:
+        log.info("router: no probe (the decode shares no trunk with the full model: decode.reuse off or a mask "
+                 "without layer 0)")
+    start = time.perf_counter()
+    router = fit_router(data, probe, cfg["l2"], cfg["holdout"], params.seed)
+    fit_seconds = time.perf_counter() - start
+    stats = DecodeStats.merge(parts)
+    width = len(router.features) + (data["hidden"].shape[1] if probe else 0)
+    router.info.update({
+        "pair": pair.name, "keep_layers": keep, "collect": {k: cfg[k] for k in ("gamma", "prompts", "prompt_tokens",
+                                                                                "max_new_tokens")},
+        "oracle": {"slim_error_rate": stats.slim_error_rate, "position_escalation_rate": stats.position_escalation_rate,
+                   "block_escalation_rate": stats.block_escalation_rate, "tokens": stats.new_tokens,
+                   "blocks": stats.blocks},
+        "collect_seconds": collect_seconds, "fit_seconds": fit_seconds,
+        "decision_seconds_per_block": _router_cost(router, cfg["gamma"], width)})
+    paths = router_paths(params, pair.name)
+    save_router(router, paths["router"])
+    router_reliability_plot(router.info, paths["plot"])
+    metrics = {"rows": router.info["rows"], "heldout_rows": router.info["heldout_rows"],
+               "draft_auc": router.info["draft"]["auc"], "draft_ece": router.info["draft"]["ece"],
+               "slim_auc": router.info["slim"]["auc"], "slim_ece": router.info["slim"]["ece"],
+               "draft_base_rate": router.info["draft"]["base_rate"], "slim_base_rate": router.info["slim"]["base_rate"],
+               "oracle_slim_error_rate": stats.slim_error_rate,
+               "oracle_position_escalation_rate": stats.position_escalation_rate,
+               "collect_seconds": collect_seconds, "fit_seconds": fit_seconds,
+               "decision_seconds_per_block": router.info["decision_seconds_per_block"]}
+    return {"pair": pair.name, "config": {**cfg, "probe_layers": probe}, "metrics": metrics,
+            "artifacts": [paths["router"], paths["plot"]]}

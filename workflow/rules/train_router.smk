@@ -1,0 +1,33 @@
+rule train_router:
+    """The learned router of the pair's DIMR slim: oracle decodes of the calibration windows give the rows
+    (block features, the oracle's labels), two calibrated logistic heads are fitted on them (held-out AUC,
+    ECE and a reliability plot beside the router)."""
+    input:
+        f"{DATA}/calibration.parquet",
+        models=lambda w: pair_models(w.pair, ["target", "draft"]),
+        masks=f"{MODELS}/masks/{{pair}}",
+    output:
+        router=directory(f"{MODELS}/routers/{{pair}}"),
+        plots=report(
+            directory(f"{REPORTS}/router/{{pair}}"),
+            patterns=["{name}.png"],
+            category="Router",
+            labels={"pair": "{pair}", "plot": "{name}"},
+        ),
+    params:
+        viasd=VIASD_ARGS,
+        seed=config["seed"],
+        router=config.get("router", {}),
+        gamma=config["thresholds"]["gamma"],
+    threads: 1
+    resources:
+        mem_mb=8000,
+        runtime=60,
+    log:
+        "logs/train_router/{pair}.log",
+    benchmark:
+        "benchmarks/train_router/{pair}.tsv"
+    conda:
+        "../envs/viasd.yaml"
+    shell:
+        "OMP_NUM_THREADS={threads} viasd train-router {params.viasd} --pair {wildcards.pair} > {log} 2>&1"
