@@ -53,6 +53,15 @@ def test_plain_output_and_every_method(dirs, capsys, tmp_path):
     assert texts["ar"] == texts["sd"] == texts["cascade_sd"]
 
 
+def test_oracle_router_writes_the_targets_greedy_output(dirs, capsys):
+    target, draft = dirs
+    args = ["--target", target, "--draft", draft, "--keep-layers", "0,2", "--max-new-tokens", "16", "--device", "cpu",
+            "--prompt", "class A:", "--json"]
+    ar = json.loads(run_cli(capsys, *args, "--method", "ar")[1])
+    oracle = json.loads(run_cli(capsys, *args, "--method", "viasd", "--router", "oracle")[1])
+    assert oracle["token_ids"] == ar["token_ids"] and oracle["stats"]["peek_passes"] > 0
+
+
 def test_sampling_options_and_seed(dirs, capsys):
     target, draft = dirs
     args = ["--target", target, "--draft", draft, "--method", "sd", "--temperature", "0.8", "--top-k", "20",
@@ -116,12 +125,19 @@ def bad_inputs(dirs, odd_models, tmp_path):
                            "Hugging Face Hub"),
         "bad gamma": ([*base, "--keep-layers", "0", "--gamma", "0", "--prompt", "x"], "gamma"),
         "bad device": ([*base, "--keep-layers", "0", "--device", "tpu9", "--prompt", "x"], "device"),
+        "learned router without its file": ([*base, "--keep-layers", "0", "--router", "learned", "--prompt", "x"],
+                                            "--router-file"),
+        "missing router file": ([*base, "--keep-layers", "0", "--router", "learned", "--router-file",
+                                 tmp_path / "router.json", "--prompt", "x"], "viasd train-router"),
+        "sampled oracle": ([*base, "--keep-layers", "0", "--router", "oracle", "--temperature", "1", "--prompt", "x"],
+                           "greedy"),
     }
 
 
 CASES = ["missing model", "mismatched vocabulary", "out-of-range layer", "duplicate layer", "missing mask",
          "empty prompt", "missing prompt file", "over-long prompt", "no draft", "no mask", "encoder-decoder draft",
-         "hub id offline", "bad gamma", "bad device"]
+         "hub id offline", "bad gamma", "bad device", "learned router without its file", "missing router file",
+         "sampled oracle"]
 
 
 @pytest.mark.parametrize("case", CASES)

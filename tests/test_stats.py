@@ -21,7 +21,11 @@ def check_widths(s):
         decoding = [int(k.rpartition("/")[2]) for k in keys if not k.endswith("/prefill")]
         assert all(w >= 1 for w in decoding)
     if s.method == "ar":  # one token per decoding pass
-        assert set(s.pass_widths) <= {"target:4/prefill", "target:4/1"}, s.pass_widths
+        assert set(s.pass_widths) <= {"target:4/prefill", "target:4/1", "loop:ar/1"}, s.pass_widths
+    # the loop's work: one entry per call of the method's block, its seconds what the passes leave of the wall time
+    loop = f"loop:{s.method}/1"
+    assert s.pass_widths[loop] >= s.blocks and 0 <= s.pass_width_s[loop] <= s.wall_time_s
+    assert s.pass_width_s[loop] + sum(s.time_s.values()) + s.encoder_time_s == pytest.approx(s.wall_time_s)
 
 
 def check_accounting(s):

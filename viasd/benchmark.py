@@ -355,7 +355,10 @@ def summarise(methods, seconds, n_tokens, stats, counts, memory) -> dict:
                 efficiency[name] = entry
     return {"methods": per, "ratios": {k: v for k, v in ratios.items() if v is not None}, "efficiency": efficiency,
             "ratios_model": ratios_model, "pass_cost_model": costs_to_json(unit), "best_hf_assisted": best_hf_assisted,
-            "oracle_headroom_taken": {k: v for k, v in headroom.items() if v is not None}}
+            "oracle_headroom_taken": {k: v for k, v in headroom.items() if v is not None},
+            # how close the cost model comes: modelled ratio / measured ratio (1 = exact)
+            "model_over_measured": {k: ratios_model[f"{k}_model"] / v for k, v in ratios.items()
+                                    if v and f"{k}_model" in ratios_model}}
 
 
 def headroom_share(viasd_vs_sd: float | None, oracle_vs_sd: float | None) -> float | None:
@@ -397,7 +400,8 @@ def markdown(result: dict, title: str) -> str:
         lines.append(f"\n{tie['method']} parts from {tie['reference']} on prompt {tie['prompt']} at position "
                      f"{tie['position']}: a numerical tie (logit gap {tie['logit_gap']:.3g}, noise {tie['noise']:.3g})")
     lines += ["", "| ratio | value |", "|---|---|"] + [f"| {k} | {v:.3f} |" for k, v in result["ratios"].items()]
-    lines += [f"| {k} (cost model) | {v:.3f} |" for k, v in result.get("ratios_model", {}).items()]
+    lines += [f"| {k} (cost model; model / measured {result.get('model_over_measured', {}).get(k[:-6], float('nan')):.3f}) "
+              f"| {v:.3f} |" for k, v in result.get("ratios_model", {}).items()]
     lines += [f"| share of the oracle's headroom over sd taken by viasd ({k}) | {v:.3f} |"
               for k, v in result.get("oracle_headroom_taken", {}).items()]
     if "viasd_oracle" in result["methods"]:

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..decoding.policy import CACHE_KINDS, DEFAULT_CACHE
+from ..decoding.policy import CACHE_KINDS, DEFAULT_CACHE, ROUTERS
 from ..errors import ViasdError
 
 
@@ -54,6 +54,15 @@ def add_generate(sub) -> None:
     p.add_argument("--verify-lagged", action=argparse.BooleanOptionalAction, default=True,
                    help="viasd: full-model passes also check the lagged tokens they are fed and roll back at the "
                         "first rejection (default: on)")
+    p.add_argument("--verify-block", action="store_true",
+                   help="an escalated block is re-verified by the full model from its first position")
+    p.add_argument("--router", default="rules", choices=ROUTERS,
+                   help="who decides viasd's tiers: rules (--score/--confidence against --tau-accept/--tau-slim), "
+                        "learned (--router-file; the taus are then probabilities: P(draft right), P(slim right)) or "
+                        "oracle (greedy only: the target's own greedy token, peeked apart; the ceiling of any router)")
+    p.add_argument("--router-file", type=Path, metavar="FILE", help="the router `viasd train-router` wrote")
+    p.add_argument("--oracle-budget", type=float, default=0.0,
+                   help="the oracle may settle this share of the output although wrong (default 0: fidelity 1)")
     p.add_argument("--cache", default=DEFAULT_CACHE, choices=CACHE_KINDS,
                    help="KV cache kind: inplace (default), dynamic (transformers' DynamicCache), static (StaticCache)")
     p.add_argument("--reuse", action=argparse.BooleanOptionalAction, default=False,
@@ -101,10 +110,13 @@ def _generate(args) -> int:
         method=args.method, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
         sampling=SamplingConfig(args.temperature, args.top_k, args.top_p), seed=args.seed,
         stop_strings=tuple(args.stop), score=args.score, confidence=args.confidence, max_lag=args.max_lag,
-        gate=args.gate, verify_lagged=args.verify_lagged,
+        gate=args.gate, verify_lagged=args.verify_lagged, verify_block=args.verify_block, router=args.router,
+        oracle_budget=args.oracle_budget,
         cache=args.cache, compile=args.compile, reuse=args.reuse, rule=args.rule, alpha=args.alpha,
         gamma_slim=args.gamma_slim, **tau,
     )
+    if (args.router == "learned") != (args.router_file is not None):
+        raise ViasdError("--router learned and --router-file FILE go together")
     draft = args.draft if args.method != "ar" else None
     models = load_models(args.target, draft=draft, device=args.device, dtype=args.dtype,
                          trust_remote_code=args.trust_remote_code)
@@ -116,6 +128,10 @@ def _generate(args) -> int:
             models.add_mask(RoutingMask.parse(text, n))
         if args.independent:  # after the masks: the independent model is the largest level
             models.add_independent_from(args.independent, args.device, args.dtype, args.trust_remote_code)
+    if args.router_file is not None:
+        from ..training.router import load_router
+
+        models.router = load_router(args.router_file)
     result = models.generate(prompt, policy)
     if args.json:
         print(json.dumps({"text": result.text, "token_ids": result.token_ids, "stats": result.stats.as_dict()}))

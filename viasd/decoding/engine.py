@@ -28,6 +28,8 @@ from .seq2seq import decoder_start_id, encode, is_encoder_decoder, text_config
 from .stats import DecodeStats
 from .stopping import StopRule
 
+LOOP = "loop"  # the pseudo-layout of the decode loop's per-block work in `DecodeStats.pass_widths`
+
 
 @dataclass
 class DecodeResult:
@@ -247,8 +249,10 @@ class DecodeSession:
 
     def run(self, block: Callable[[DecodeSession], None]) -> DecodeResult:
         start = time.perf_counter()
+        steps = 0
         while not self.done:
             block(self)
+            steps += 1
         stats = self.stats
         stats.wall_time_s = time.perf_counter() - start + stats.encoder_time_s  # the prompt's encoding included
         if self.peek is not None:  # the oracle's peeks are not part of the method: counted apart, not in its time
@@ -264,6 +268,11 @@ class DecodeSession:
                 key = f"{r.name}:{r.layers}/{width}"
                 stats.pass_widths[key] = passes
                 stats.pass_width_s[key] = seconds
+        # the decode loop's own work outside the model passes (drafting loop, sampling, tier decisions,
+        # commits), per call of the method's block: what a machine with a high per-op cost adds to each block
+        model_seconds = sum(r.seconds for r in self.runners) + stats.encoder_time_s
+        stats.pass_widths[f"{LOOP}:{self.policy.method}/1"] = steps
+        stats.pass_width_s[f"{LOOP}:{self.policy.method}/1"] = max(0.0, stats.wall_time_s - model_seconds)
         return DecodeResult(list(self.generated), stats)
 
 

@@ -80,7 +80,8 @@ class DecodeStats:
     # `trunk`'s, computed once per position, and `slim` / `target` count only their layers after it
     layer_tokens: dict[str, int] = field(default_factory=dict)
     # passes by runner layout and width, `"<name>:<layers>/<width>"` (tokens fed; rows, for an exit head) or
-    # `".../prefill"` (a pass from an empty cache): counts and seconds, what the cost model is fitted on
+    # `".../prefill"` (a pass from an empty cache): counts and seconds, what the cost model is fitted on;
+    # `"loop:<method>/1"`: the decode loop's calls of the method's block and their seconds outside every pass
     pass_widths: dict[str, int] = field(default_factory=dict)
     pass_width_s: dict[str, float] = field(default_factory=dict)
     # viasd routers (decoding/router.py): the learned router's seconds; the oracle's peeks and counts

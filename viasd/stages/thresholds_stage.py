@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 # the cost model's version, part of a search's signature: a search costed under another model (v1: one
 # cost per runner layout, prefill averaged in) is not resumed or reused but run again
-COST_MODEL = "v2: per layout and width, prefill excluded"
+COST_MODEL = "v3: per layout and width, prefill excluded, the decode loop's per-block work"
 
 # keys of the `thresholds` section that are not search settings
 NOT_SEARCHED = ("task", "dev_prompts", "per_slim", "ablation_trials")
