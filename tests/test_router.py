@@ -231,3 +231,11 @@ def test_router_stage_fits_and_a_decode_uses_it(study):
     r = _run(models, prompt, method="viasd", router="learned", tau_accept=0.6, tau_slim=0.6, reuse=True)
     check_accounting(r.stats)
     assert len(r.token_ids) == N_NEW and r.stats.router_time_s > 0
+
+
+def test_headroom_share_by_hand():
+    from viasd.decoding.router import headroom_share
+
+    assert headroom_share(1.1, 1.2) == pytest.approx(0.5)  # 10 % of the oracle's 20 %
+    assert headroom_share(0.95, 1.25) == pytest.approx(-0.2)  # slower than SD: a negative share
+    assert headroom_share(1.1, 1.0) is None and headroom_share(None, 1.2) is None  # no headroom, no share

@@ -24,9 +24,10 @@ SMOKE_RUNS = yaml.safe_load((Path(__file__).resolve().parent.parent / "config" /
 
 def expected_run_names(pair="smoke", task="stdlib_continuation") -> list[str]:
     names = ["prepare_corpus", f"prepare_tasks/{task}/dev", f"prepare_tasks/{task}/test", "train_model/target",
-             "train_model/draft", "train_model/independent", f"dimr_search/{pair}/path", "report"]
-    # thresholds per slim of the grid's viasd runs (thresholds.per_slim)
-    names += [f"tune_thresholds/{pair}/{task}/{slim}" for slim in ("main", "mask_random", "independent")]
+             "train_model/draft", "train_model/independent", f"dimr_search/{pair}/path", f"train_router/{pair}",
+             "report"]
+    # thresholds per slim of the grid's viasd runs (thresholds.per_slim), and the hand rules tuned alone
+    names += [f"tune_thresholds/{pair}/{task}/{slim}" for slim in ("main", "mask_random", "independent", "rules")]
     names += [f"{stage}/{pair}/{task}/{run}" for stage in ("decode", "evaluate") for run in SMOKE_RUNS]
     return sorted(names)
 
@@ -322,7 +323,7 @@ def test_dvc_repro_reruns_only_what_a_parameter_change_touches(repo):
     third = _stages_run(run([str(BIN / "dvc"), "repro"], repo, timeout=1200).stdout)
     assert "prepare_task@stdlib_continuation-test" in third and "report" in third
     assert not {n for n in third if n.split("@")[0] in ("prepare_corpus", "train_model", "train_draft", "dimr_search",
-                                                         "tune_thresholds")}, third
+                                                         "train_router", "tune_thresholds")}, third
 
     pushed = run([str(BIN / "dvc"), "push"], repo)
     assert "pushed" in pushed.stdout and any((repo / ".dvc-remote").rglob("*"))

@@ -34,6 +34,7 @@ import torch
 
 from .bench_outputs import check_outputs, quality_of, tie_gap  # noqa: F401 (re-exported)
 from .decoding.policy import DecodePolicy
+from .decoding.router import headroom_share, oracle_settings
 from .decoding.seq2seq import is_encoder_decoder
 from .decoding.stats import DecodeStats
 from .errors import BenchError
@@ -46,14 +47,8 @@ OURS = ("ar", "sd", "cascade_sd", "spec_cascade", "viasd")
 # VIA-SD variants beside the tuned `viasd`: the oracle router (the ceiling of any router: the target's greedy
 # token decides, its peek passes not counted) and the hand-set rules tuned on their own (the rules ablation)
 VIASD_VARIANTS = ("viasd_oracle", "viasd_rules")
-
-
-def oracle_settings(viasd: dict | None) -> dict:
-    """The oracle beside a tuned policy: its gamma, every tier decided by the oracle (none off)."""
-    gamma = (viasd or {}).get("gamma")
-    return {"router": "oracle", "tau_accept": 1.0, "tau_slim": 0.5, "gate": 0.0, "max_lag": 0, "verify_lagged": False,
-            **({"gamma": gamma} if gamma else {})}
 HF = ("hf_ar", "hf_assisted", "hf_assisted_fixed")
+
 
 
 @dataclass(frozen=True)
@@ -360,13 +355,6 @@ def summarise(methods, seconds, n_tokens, stats, counts, memory) -> dict:
             "model_over_measured": {k: ratios_model[f"{k}_model"] / v for k, v in ratios.items()
                                     if v and f"{k}_model" in ratios_model}}
 
-
-def headroom_share(viasd_vs_sd: float | None, oracle_vs_sd: float | None) -> float | None:
-    """The share of the oracle's headroom over SD that VIA-SD takes: `(viasd/sd - 1) / (oracle/sd - 1)`
-    (None when either is missing or the oracle does not beat SD)."""
-    if viasd_vs_sd is None or oracle_vs_sd is None or oracle_vs_sd <= 1:
-        return None
-    return (viasd_vs_sd - 1) / (oracle_vs_sd - 1)
 
 
 def _closed_form(s: DecodeStats, step: float) -> float | None:

@@ -168,3 +168,18 @@ class RouterRows:
             "slim_right": torch.cat(self.slim_right) if self.slim_right else torch.zeros(0),
             "group": torch.tensor([gr for gr, k in zip(self.group, n) for _ in range(k)], dtype=torch.long),
         }
+
+
+def oracle_settings(viasd: dict | None) -> dict:
+    """The oracle beside a tuned policy: its gamma, every tier decided by the oracle (none off)."""
+    gamma = (viasd or {}).get("gamma")
+    return {"router": "oracle", "tau_accept": 1.0, "tau_slim": 0.5, "gate": 0.0, "max_lag": 0, "verify_lagged": False,
+            **({"gamma": gamma} if gamma else {})}
+
+
+def headroom_share(viasd_vs_sd: float | None, oracle_vs_sd: float | None) -> float | None:
+    """The share of the oracle's headroom over SD that VIA-SD takes: `(viasd/sd - 1) / (oracle/sd - 1)`
+    (None when either is missing or the oracle does not beat SD)."""
+    if viasd_vs_sd is None or oracle_vs_sd is None or oracle_vs_sd <= 1:
+        return None
+    return (viasd_vs_sd - 1) / (oracle_vs_sd - 1)

@@ -201,6 +201,7 @@ class DevSet:
                 "full_passes_per_token": stats.full_passes_per_token(),
                 "position_pass_rates": stats.position_pass_rates(),
                 "lagged_rolled_back": stats.lagged_rolled_back,
+                "position_escalation_rate": stats.position_escalation_rate, "slim_error_rate": stats.slim_error_rate,
                 "passes_per_token": {k: stats.passes[m] / tokens for m, k in keys.items()},
                 "pass_widths_per_token": widths,
                 "speedup_model_vs_ar": (self.full_pass_cost() / modeled) if modeled else None}
@@ -276,6 +277,18 @@ def tiers_off_points(dev: DevSet, cfg: ThresholdConfig, study) -> list[dict]:
         points.append(_point(policy, measured, cfg, number=None, tiers_off=True))
     study.set_user_attr("tiers_off_points", [{**p, "tau_accept": "inf", "tau_slim": "inf"} for p in points])
     shared.tiers_off = points
+    return points
+
+
+def oracle_points(dev: DevSet, cfg: ThresholdConfig) -> list[dict]:
+    """The oracle router at every searched gamma on the dev split: the ceiling any router could reach under
+    this cost model (fidelity 1; its peek passes are not priced)."""
+    from ..decoding.router import oracle_settings
+
+    points = []
+    for gamma in cfg.gamma:
+        policy = replace(dev.base, **oracle_settings({"gamma": gamma}))
+        points.append(_point(policy, dev.evaluate(policy), cfg, number=None, tiers_off=False, oracle=True))
     return points
 
 

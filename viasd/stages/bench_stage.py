@@ -221,7 +221,8 @@ def frontier_table(models, viasd: dict, gamma: int, max_new: int, cascade: dict,
     thresholds, the oracle router, and of `spec_cascade` lenience, each a named benchmark method."""
     from dataclasses import replace
 
-    from ..benchmark import BenchMethod, oracle_settings
+    from ..benchmark import BenchMethod
+    from ..decoding.router import oracle_settings
     from ..search.thresholds import PROBABILITY_SCORES
 
     base = method_table(models, ["ar", "sd", "viasd", "spec_cascade"], gamma, max_new, None, cascade, engine)

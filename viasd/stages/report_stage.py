@@ -238,7 +238,7 @@ def oracle_headroom(evals: list[dict]) -> str:
     """`sd`, the tuned `viasd` and the `viasd-oracle` run side by side, and the share of the oracle's headroom
     over SD that VIA-SD takes, `(viasd/sd - 1) / (oracle/sd - 1)` (speeds per generated token, measured in the
     same decode job; the oracle's time leaves out its peek passes)."""
-    from ..benchmark import headroom_share
+    from ..decoding.router import headroom_share
 
     by_run = {e["run"]: e for e in evals}
     sd, viasd, oracle = (by_run.get(r, {}).get("speedup_vs_ar") for r in ("sd", "viasd", "viasd-oracle"))

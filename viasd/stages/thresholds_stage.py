@@ -23,11 +23,12 @@ import shutil
 from dataclasses import asdict, replace
 
 from ..config import Pair, Params
+from ..decoding.router import headroom_share
 from ..io import write_json, write_jsonl, write_text
 from ..metrics.quality import QualityConstraints
 from ..search.pass_cost import PassCost, costs_from_json, costs_to_json
 from ..search.plots import speed_quality
-from ..search.thresholds import POLICY_KEYS, DevSet, ThresholdConfig, tune_thresholds
+from ..search.thresholds import POLICY_KEYS, DevSet, ThresholdConfig, oracle_points, tune_thresholds
 from ..tasks import get_task, load_examples
 from .dimr_stage import optuna_storage, study_name
 from .paths import router_paths, threshold_paths
@@ -85,6 +86,11 @@ def run_thresholds_stage(params: Params, task: str | None = None, progress: bool
         else:
             results[slim] = tune_slim(params, pair, task, slim, progress, shared, common=common, warm_start=warm)
     return results
+
+
+def _sd_cost(out: dict) -> float:
+    """The cheapest feasible tiers-off (SD) point's modelled cost per token."""
+    return min(t["cost_per_token"] for t in out["trials"] if t["tiers_off"] and t["feasible"])
 
 
 def same_mask_as_main(params: Params, pair: str, task: str, slim: str, main: dict) -> dict:
@@ -161,6 +167,9 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
                           study_name(f"thresholds-{pair.name}-{task}-{slim}", searched), progress,
                           warm_start=warm_start)
     best = out["best"]
+    # the oracle router on the same dev prompts (greedy searches of the DIMR slim): the ceiling a router has
+    oracle = min(oracle_points(dev, cfg), key=lambda t: t["cost_per_token"]) if slim == "main" and \
+        dev.base.sampling.greedy else None
     dev_keys = ("cost_per_token", "wall_per_token", "fidelity", "nll", "agreement", "task_metric", "task_score",
                 "task_score_ar", "task_drop", "rejection_rate", "acceptance_rate", "block_escalation_rate",
                 "gated_rate", "full_passes_per_token", "position_pass_rates", "passes_per_token", "pass_widths_per_token",
@@ -172,6 +181,14 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
         "dev": {k: best.get(k) for k in dev_keys},
         "sd_same_gamma": {k: sd[k] for k in ("cost_per_token", "wall_per_token", "rejection_rate", "acceptance_rate")},
         "cost_vs_sd": best["cost_per_token"] / sd["cost_per_token"],
+        "oracle": None if oracle is None else {
+            "gamma": oracle["gamma"], "cost_per_token": oracle["cost_per_token"],
+            "sd_over_oracle_cost": _sd_cost(out) / oracle["cost_per_token"],
+            "position_escalation_rate": oracle["position_escalation_rate"],
+            "slim_error_rate": oracle["slim_error_rate"]},
+        # the share of the oracle's headroom over the cheapest SD point that the tuned policy takes (modelled)
+        "headroom_taken": None if oracle is None else headroom_share(_sd_cost(out) / best["cost_per_token"],
+                                                                     _sd_cost(out) / oracle["cost_per_token"]),
         "quality_constraints": asdict(cfg.quality), "trials": sum(1 for t in out["trials"] if not t["tiers_off"]),
         "pass_cost_model": costs_to_json(out["pass_cost"]), "ar_seconds_per_token": out["ar_seconds_per_token"],
         "signature": signature,
