@@ -7,6 +7,8 @@ rule decode:
         models=lambda w: pair_models(w.pair, ["target", "draft", "independent"]),
         masks=f"{MODELS}/masks/{{pair}}",
         thresholds=f"{MODELS}/thresholds/{{pair}}-{{task}}",
+        # a viasd run tuned with the learned router loads it
+        router=f"{MODELS}/routers/{{pair}}",
     output:
         rows=expand(f"{REPORTS}/decode/{{{{pair}}}}/{{{{task}}}}/{{run}}.jsonl", run=RUNS),
         summaries=expand(f"{REPORTS}/decode/{{{{pair}}}}/{{{{task}}}}/{{run}}.json", run=RUNS),
