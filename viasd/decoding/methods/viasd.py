@@ -25,13 +25,13 @@ learned router's calibrated probabilities, or the oracle (the target's greedy to
 counted apart: the ceiling of any router; `oracle_budget` lets it settle a share of wrong tokens).
 
 Lag: the full model's cache lags behind the output. When the lag exceeds `max_lag > 0`, the next block
-goes straight to the full model, whose one pass catches up and verifies the block. With
-`verify_block`, an escalated block is verified from its first position. With `verify_lagged`, every
-full-model pass (escalation, gated or catch-up block) also tests the lagged tokens it is fed — their
-logits cost only LM-head rows: greedy, a token must be `argmax q`; sampling, it is accepted with
-probability `min(1, q(t)/r(t))` against the distribution `r` it was drawn from (exact for a token
-drawn from `r`, an approximation once a tier filtered it). At the first rejection the output rolls back to that position and the full model's
-token (greedy: `argmax q`; sampling: a draw from `norm(max(0, q - r))`) replaces it.
+goes straight to the full model, whose one pass catches up and verifies the block. With `verify_block`,
+an escalated block is verified from its first position. With `verify_lagged`, every full-model pass
+(escalation, gated or catch-up block) also tests the lagged tokens it is fed — their logits cost only
+LM-head rows: greedy, a token must be `argmax q`; sampling, it is accepted with probability `min(1,
+q(t)/r(t))` against the distribution `r` it was drawn from (exact for a token drawn from `r`, an
+approximation once a tier filtered it). At the first rejection the output rolls back to that position and
+the full model's token (greedy: `argmax q`; sampling: a draw from `norm(max(0, q - r))`) replaces it.
 Lossy by design: tokens settled by the slim tiers and not re-checked are emitted unverified.
 """
 
