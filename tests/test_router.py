@@ -239,3 +239,26 @@ def test_headroom_share_by_hand():
     assert headroom_share(1.1, 1.2) == pytest.approx(0.5)  # 10 % of the oracle's 20 %
     assert headroom_share(0.95, 1.25) == pytest.approx(-0.2)  # slower than SD: a negative share
     assert headroom_share(1.1, 1.0) is None and headroom_share(None, 1.2) is None  # no headroom, no share
+
+
+def test_position_features_by_hand():
+    """One draft position and the bonus row over a 3-token vocabulary, every feature computed by hand."""
+    from viasd.decoding.router import position_features
+
+    p = torch.tensor([[0.5, 0.25, 0.25]])
+    q = torch.tensor([[0.25, 0.5, 0.25], [0.8, 0.1, 0.1]])
+    x = torch.tensor([1])
+    f = position_features(p, q, x)
+    col = {name: f[:, i] for i, name in enumerate(FEATURES)}
+    ln = math.log
+    assert col["log_p_x"].tolist() == pytest.approx([ln(0.25), 0.0])
+    assert col["log_q_x"].tolist() == pytest.approx([ln(0.5), 0.0])
+    assert col["log_ratio"][0] == pytest.approx(ln(2.0))
+    assert col["log_q_max"].tolist() == pytest.approx([ln(0.5), ln(0.8)])
+    assert col["log_p_max"].tolist() == pytest.approx([ln(0.5), 0.0])
+    assert col["q_margin"].tolist() == pytest.approx([0.25, 0.7])
+    h = -(0.25 * ln(0.25) * 2 + 0.5 * ln(0.5))
+    assert col["q_entropy"].tolist() == pytest.approx([h, -(0.8 * ln(0.8) + 0.2 * ln(0.1))])
+    assert col["p_entropy"].tolist() == pytest.approx([h, 0.0])
+    assert col["agree"].tolist() == [1.0, 0.0] and col["position"].tolist() == [0.0, 1.0]
+    assert col["bonus"].tolist() == [0.0, 1.0]

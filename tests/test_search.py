@@ -163,8 +163,14 @@ def test_thresholds_stage_and_infeasible_constraint(study, tmp_path):
     results = run_thresholds_stage(params, progress=False)
     # the smoke grid's viasd slims: the DIMR mask, the random mask and the independent model, and the hand
     # rules tuned alone for the DIMR slim (the router ablation)
-    assert list(results) == ["main", "mask_random", "independent", "rules"]
-    assert results["main"]["signature"]["config"]["routers"] == ["rules", "learned"]
+    assert list(results) == ["rules", "main", "mask_random", "independent"]
+    assert results["main"]["signature"]["config"]["routers"] == ["learned"]
+    # the rules' own search (full n_trials, run first) competes in main's choice
+    main_trace = [json.loads(line) for line in threshold_paths(params, "stdlib_continuation")["trace"].read_text()
+                  .splitlines()]
+    assert sum(t.get("search") == "rules" for t in main_trace) == results["rules"]["trials"] == 4
+    assert {t["router"] for t in main_trace if not t["tiers_off"] and t.get("search") is None} == {"learned"}
+    assert results["main"]["trials"] == 4 and results["main"]["signature"]["candidates"]
     assert results["main"]["signature"]["router"]  # the router file's hash: a refitted router is a new search
     for slim in ("mask_random", "independent", "rules"):
         assert results[slim]["signature"]["config"]["routers"] == ["rules"] and results[slim]["router"] == "rules"
@@ -184,12 +190,13 @@ def test_thresholds_stage_and_infeasible_constraint(study, tmp_path):
     assert results["main"]["mask"] == json.loads(masks["mask"].read_text())["keep_layers"]
     assert results["mask_random"]["mask"] == json.loads(masks["random"].read_text())["keep_layers"]
     assert results["independent"]["mask"] == "independent"
-    # one measurement of the per-pass costs (in the DIMR mask's search), shared by the other slims' searches
-    # ... per runner layout `name:layers` (a full pass and a pass after the shared trunk cost differently),
-    # where they cover the slim's layouts
-    main_cost = results["main"]["pass_cost_model"]
-    assert {"draft:1", "target:4"} <= set(main_cost)  # tiers off: the unshared full model
-    assert all(r["signature"]["pass_cost_model"] == main_cost for s, r in results.items() if s != "main")
+    # one measurement of the per-pass costs (in the first search, the DIMR slim's rules), shared by the other
+    # searches ... per runner layout `name:layers` (a full pass and a pass after the shared trunk cost
+    # differently), where they cover the slim's layouts
+    main_cost = results["rules"]["pass_cost_model"]
+    assert {"draft:1", "target:4", "loop:viasd"} <= set(main_cost)  # tiers off: the unshared full model
+    assert "pass_cost_model" not in results["rules"]["signature"]
+    assert all(r["signature"]["pass_cost_model"] == main_cost for s, r in results.items() if s != "rules")
     del results["rules"]  # the DIMR slim again: what follows compares the slims
     independent = results["independent"]["pass_cost_model"]
     # the 2-layer independent model shares main's costs only if main's slim is an unshared 2-layer pass too

@@ -318,7 +318,7 @@ def search_params(point: dict, cfg: ThresholdConfig) -> dict:
 
 
 def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage: str, study_name: str, progress: bool = True,
-                    warm_start: list[dict] = ()) -> dict:
+                    warm_start: list[dict] = (), candidates: list[dict] = ()) -> dict:
     """Run (or continue) the study; returns the best feasible candidate (trials and tiers-off points).
 
     `warm_start`: policy points (e.g. the best trials of the DIMR slim's search) evaluated first when the
@@ -361,7 +361,9 @@ def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage: str, study_name:
     trials = [{"number": t.number, "tiers_off": False, **t.user_attrs} for t in done]
     for t in trials:
         t.pop("pass_cost_model", None)
-    candidates = sd_points + trials
+    # `candidates`: trials of another search on the same dev prompts and per-pass costs (e.g. the hand rules'
+    # own search), which compete in the choice below
+    candidates = sd_points + trials + list(candidates)
     feasible = [t for t in candidates if t["feasible"]]
     if not feasible:
         closest = min(candidates, key=lambda t: cfg.quality.slack(t))

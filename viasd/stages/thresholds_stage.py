@@ -66,22 +66,31 @@ def run_thresholds_stage(params: Params, task: str | None = None, progress: bool
     with the same shared prefix), so those slims are compared by what they do (pass counts at the quality
     constraints), not by timing noise between searches; a slim of another layout measures its own.
     The target's greedy dev outputs and the tiers-off (SD) points are computed once and shared too, and
-    the other slims' searches run `thresholds.ablation_trials` trials, starting from the main search's
-    cheapest feasible policies."""
+    the other slims' searches run `thresholds.ablation_trials` trials, starting from the hand rules'
+    cheapest feasible policies.
+
+    With the `rules` search in the grid (the `viasd-rules` run), it runs first, with the full
+    `n_trials`: the hand rules on the DIMR slim, searched alone. The `main` search then searches who
+    decides by `thresholds.routers` (by default the learned router alone: a categorical choice between
+    conditional spaces leaves each too few trials) and picks the cheapest feasible policy among its own
+    trials, the rules' trials and SD, so the tuned `viasd` is the best of both."""
     pair = pair or params.pair()
     task = task or params.raw.get("thresholds", {}).get("task", "stdlib_continuation")
     slims = slims or slims_to_tune(params)
     results: dict[str, dict] = {}
     common: dict = {}
-    if "main" in slims:
-        results["main"] = tune_slim(params, pair, task, "main", progress, common=common)
-    shared = costs_from_json(results["main"]["pass_cost_model"]) if "main" in results else None
+    for first in [s for s in ("rules", "main") if s in slims]:
+        shared = costs_from_json(results["rules"]["pass_cost_model"]) if "rules" in results else None
+        extra = searched_trials(params, pair.name, task, "rules") if first == "main" and "rules" in results else []
+        results[first] = tune_slim(params, pair, task, first, progress, shared, common=common, candidates=extra)
+    first = results.get("rules") or results.get("main")
+    shared = costs_from_json(first["pass_cost_model"]) if first else None
     warm = warm_start_points(params, pair.name, task)
     main_mask = slim_description(params, pair.name, slim_spec("main"))
     for slim in slims:
-        if slim == "main":
+        if slim in ("main", "rules"):
             continue
-        if slim != "rules" and "main" in results and slim_description(params, pair.name, slim_spec(slim)) == main_mask:
+        if "main" in results and slim_description(params, pair.name, slim_spec(slim)) == main_mask:
             results[slim] = same_mask_as_main(params, pair.name, task, slim, results["main"])
         else:
             results[slim] = tune_slim(params, pair, task, slim, progress, shared, common=common, warm_start=warm)
@@ -110,26 +119,33 @@ def same_mask_as_main(params: Params, pair: str, task: str, slim: str, main: dic
     return result
 
 
-def warm_start_points(params: Params, pair: str, task: str, k: int = WARM_START) -> list[dict]:
-    """The main search's `k` cheapest feasible tiered trials (none before it has run)."""
-    trace = threshold_paths(params, task, pair, "main")["trace"]
+def searched_trials(params: Params, pair: str, task: str, slim: str) -> list[dict]:
+    """The Optuna trials a slim's search wrote to its trace (not its tiers-off points), "inf" read as a float."""
+    trace = threshold_paths(params, task, pair, slim)["trace"]
     if not trace.exists():
         return []
     trials = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
-    tiered = sorted((t for t in trials if t.get("feasible") and not t.get("tiers_off") and t.get("router", "rules") == "rules"),
-                    key=lambda t: t["cost_per_token"])  # the ablations' searches use the hand rules
-    return [{k_: (math.inf if v == "inf" else v) for k_, v in t.items()} for t in tiered[:k]]
+    return [{k: (math.inf if v == "inf" else v) for k, v in t.items()} for t in trials
+            if not t.get("tiers_off") and t.get("search") is None]
+
+
+def warm_start_points(params: Params, pair: str, task: str, k: int = WARM_START) -> list[dict]:
+    """The `k` cheapest feasible hand-rule trials of the `rules` search (else of the main search): the
+    slim ablations' searches use the hand rules and start from them (none before a search has run)."""
+    trials = searched_trials(params, pair, task, "rules") or searched_trials(params, pair, task, "main")
+    tiered = [t for t in trials if t.get("feasible") and t.get("router", "rules") == "rules"]
+    return sorted(tiered, key=lambda t: t["cost_per_token"])[:k]
 
 
 def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool = True,
               pass_cost: dict[str, PassCost] | None = None, common: dict | None = None,
-              warm_start: list[dict] = ()) -> dict:
+              warm_start: list[dict] = (), candidates: list[dict] = ()) -> dict:
     """One slim's search; `pass_cost` shares per-pass costs (per runner layout and width) fitted in another search
     (None, or costs that miss one of this slim's layouts: measure); `common` carries the `SharedDev` of
     the first search to the next; `warm_start`: policies tried first (an ablation slim's search)."""
     section = params.raw.get("thresholds", {})
     cfg = threshold_config(params)
-    if slim != "main" and section.get("ablation_trials"):
+    if slim not in ("main", "rules") and section.get("ablation_trials"):
         cfg = replace(cfg, n_trials=section["ablation_trials"])
     if slim != "main":  # the router is fitted for the DIMR slim; the ablations (and `rules`) use the hand rules
         cfg = replace(cfg, routers=("rules",))
@@ -145,6 +161,8 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
         signature["pass_cost_model"] = costs_to_json(pass_cost)
     if router_file is not None:  # a refitted router is a new search
         signature["router"] = hashlib.sha256(router_file.read_bytes()).hexdigest() if router_file.exists() else None
+    if candidates:  # another search's trials compete in the choice: the result depends on them too
+        signature["candidates"] = hashlib.sha256(json.dumps(candidates, sort_keys=True).encode()).hexdigest()
     signature = json.loads(json.dumps(signature))  # as it reads back from the file
     if paths["json"].exists() and json.loads(paths["json"].read_text()).get("signature") == signature:
         log.info("thresholds %s are up to date; nothing to do", paths["json"])
@@ -162,10 +180,12 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     common["dev"] = dev.shared
     log.info("tuning thresholds for %s on %s with slim %s", pair.name, task, slim)
     # min_gain only selects among the trials: a change re-selects from the same (resumed) study
-    searched = {**signature, "config": {k: v for k, v in signature["config"].items() if k != "min_gain"}}
+    # (the same for the candidates of another search: they compete in the choice, not in the search)
+    searched = {**{k: v for k, v in signature.items() if k != "candidates"},
+                "config": {k: v for k, v in signature["config"].items() if k != "min_gain"}}
     out = tune_thresholds(dev, cfg, optuna_storage(params, paths["storage"]),
                           study_name(f"thresholds-{pair.name}-{task}-{slim}", searched), progress,
-                          warm_start=warm_start)
+                          warm_start=warm_start, candidates=[{**c, "search": "rules"} for c in candidates])
     best = out["best"]
     # the oracle router on the same dev prompts (greedy searches of the DIMR slim): the ceiling a router has
     oracle = min(oracle_points(dev, cfg), key=lambda t: t["cost_per_token"]) if slim == "main" and \
@@ -189,7 +209,8 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
         # the share of the oracle's headroom over the cheapest SD point that the tuned policy takes (modelled)
         "headroom_taken": None if oracle is None else headroom_share(_sd_cost(out) / best["cost_per_token"],
                                                                      _sd_cost(out) / oracle["cost_per_token"]),
-        "quality_constraints": asdict(cfg.quality), "trials": sum(1 for t in out["trials"] if not t["tiers_off"]),
+        "quality_constraints": asdict(cfg.quality),
+        "trials": sum(1 for t in out["trials"] if not t["tiers_off"] and t.get("search") is None),
         "pass_cost_model": costs_to_json(out["pass_cost"]), "ar_seconds_per_token": out["ar_seconds_per_token"],
         "signature": signature,
     }
