@@ -234,26 +234,59 @@ def pass_cost_table(params: Params, pair: str, task: str) -> str:
                            ("vs_full", f"vs a full pass at γ {tuned['gamma']}")])
 
 
-def oracle_headroom(evals: list[dict]) -> str:
+def modelled_seconds_per_token(e: dict, costs: dict) -> float | None:
+    """A decoded run's seconds per generated token under the cost model `costs` (its decoding passes, the
+    loop's work included, the prefill and an oracle's peeks left out); None if a layout is not priced."""
+    from ..decoding.engine import LOOP
+    from ..decoding.policy import METHODS
+    from ..search.pass_cost import PREFILL, cost_per_token, split_key
+
+    tokens = e.get("new_tokens") or 0
+    # the search decodes every policy, SD included (tiers off), through viasd's loop: its `loop:viasd` cost
+    # prices the loop of the `sd` run too
+    loops = {k for k in costs if k.startswith(f"{LOOP}:")}
+    priced = {**costs, **({f"{LOOP}:{m}": costs[min(loops)] for m in METHODS} if loops else {})}
+    widths = {k: n / tokens for k, n in (e.get("pass_widths") or {}).items() if split_key(k)[1] != PREFILL and n}
+    if not tokens or any(split_key(k)[0] not in priced for k in widths):
+        return None
+    return cost_per_token(widths, priced)
+
+
+def oracle_headroom(evals: list[dict], costs: dict | None) -> str:
     """`sd`, the tuned `viasd` and the `viasd-oracle` run side by side, and the share of the oracle's headroom
-    over SD that VIA-SD takes, `(viasd/sd - 1) / (oracle/sd - 1)` (speeds per generated token, measured in the
-    same decode job; the oracle's time leaves out its peek passes)."""
+    over SD that VIA-SD takes, `(viasd/sd - 1) / (oracle/sd - 1)`. The oracle's speed is the cost model's
+    (its peek passes, timed apart, still slow its own passes); VIA-SD's measured (per generated token, side
+    by side in the decode job) and modelled."""
     from ..decoding.router import headroom_share
 
     by_run = {e["run"]: e for e in evals}
-    sd, viasd, oracle = (by_run.get(r, {}).get("speedup_vs_ar") for r in ("sd", "viasd", "viasd-oracle"))
-    if not (sd and viasd and oracle):
+    if not all(r in by_run for r in ("sd", "viasd", "viasd-oracle")):
         return "The study has no `sd`, `viasd` and `viasd-oracle` runs to compare.\n"
-    share = headroom_share(viasd / sd, oracle / sd)
+    model = {r: modelled_seconds_per_token(by_run[r], costs or {}) for r in ("sd", "viasd", "viasd-oracle")}
+    if not all(model.values()):
+        return "The cost model does not price every pass of `sd`, `viasd` and `viasd-oracle`.\n"
+    viasd_measured = by_run["viasd"]["speedup_vs_ar"] / by_run["sd"]["speedup_vs_ar"]
+    viasd_model, oracle_model = model["sd"] / model["viasd"], model["sd"] / model["viasd-oracle"]
+
+    def f(x, d=3):
+        return "–" if x is None else f"{x:.{d}f}"
+
     router = by_run["viasd"].get("policy", {}).get("router", "rules")
-    e_viasd = by_run["viasd"].get("position_escalation_rate")
-    slim_err = by_run["viasd-oracle"].get("slim_error_rate")
-    esc = "–" if e_viasd is None else f"{e_viasd:.3f}"
-    err = "–" if slim_err is None else f"{slim_err:.3f}"
-    return (f"Against `sd`: the tuned `viasd` ({router}) {viasd / sd:.3f}×, the oracle router {oracle / sd:.3f}× "
-            f"(measured without its peek passes); `viasd` takes "
-            f"{'–' if share is None else f'{share:.2f}'} of the oracle's headroom. Per position, `viasd` escalated "
-            f"{esc} of the positions its tiers examined, where the slim was wrong on {err} (oracle run).\n")
+    return (f"Against `sd` (γ {by_run['sd']['policy']['gamma']}): the tuned `viasd` ({router}, γ "
+            f"{by_run['viasd']['policy']['gamma']}) {viasd_measured:.3f}× measured, {viasd_model:.3f}× by the cost "
+            f"model; the oracle router {oracle_model:.3f}× by the cost model. `viasd` takes "
+            f"{f(headroom_share(viasd_measured, oracle_model), 2)} (measured) / "
+            f"{f(headroom_share(viasd_model, oracle_model), 2)} (modelled) of the oracle's headroom. Per position, "
+            f"`viasd` escalated {f(by_run['viasd'].get('position_escalation_rate'))} of the positions its tiers "
+            f"examined, where the slim was wrong on {f(by_run['viasd-oracle'].get('slim_error_rate'))} (oracle run).\n")
+
+
+def main_costs(params: Params, pair: str, task: str) -> dict | None:
+    """The cost model of the DIMR slim's threshold search (None before it has run)."""
+    from ..search.pass_cost import costs_from_json
+
+    path = threshold_paths(params, task, pair, "main")["json"]
+    return costs_from_json(json.loads(path.read_text()).get("pass_cost_model")) if path.exists() else None
 
 
 def run_report_stage(params: Params) -> dict:
@@ -304,7 +337,7 @@ def run_report_stage(params: Params) -> dict:
                     f"![frontier](plots/{key}-frontier.png) ![tiers](plots/{key}-tiers.png)\n",
                     "Slim-tier pass rate by block position (share of the positions the tiers examined that they "
                     "settled without the full model; a block skips the full model only if every position passes):\n",
-                    positions, oracle_headroom(evals),
+                    positions, oracle_headroom(evals, main_costs(params, pair, task)),
                     f"Slim verifiers on the dev split, each with thresholds tuned for it ({bounds}; tiers off = plain "
                     "SD is always a candidate); cost/token is the cost model (draft, slim and full passes at "
                     "per-pass costs measured once, in the DIMR mask's search, and shared):\n", slims_md,
