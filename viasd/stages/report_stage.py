@@ -32,7 +32,7 @@ from ..report_plots import frontier, tier_breakdown
 from ..runs import parse_run
 from .decode_stage import StudyInputError
 from .evaluate_stage import eval_path
-from .paths import report_paths, threshold_paths
+from .paths import report_paths, router_paths, threshold_paths
 from .slims import slims_to_tune
 
 COLUMNS = (("run", "run"), ("method", "method"), ("ablation", "ablation"), ("rejection_rate", "rejection rate"),
@@ -281,6 +281,27 @@ def oracle_headroom(evals: list[dict], costs: dict | None) -> str:
             f"examined, where the slim was wrong on {f(by_run['viasd-oracle'].get('slim_error_rate'))} (oracle run).\n")
 
 
+def router_summary(params: Params, pair: str) -> str:
+    """The pair's learned router: held-out AUC and ECE of both heads, and its reliability plot."""
+    path = router_paths(params, pair)["router"]
+    if not path.exists():
+        return f"`{pair}` has no learned router (`viasd train-router`).\n"
+    info = json.loads(path.read_text())["info"]
+
+    def head(name):
+        h = info[name]
+        auc = "–" if h["auc"] is None else f"{h['auc']:.3f}"
+        ece = "–" if h["ece"] is None else f"{h['ece']:.3f}"
+        return f"P({name} right): held-out AUC {auc}, ECE {ece} (base rate {h['base_rate']:.3f})"
+
+    return (f"The learned router of `{pair}` ({info['rows']} rows from {info['decodes']} oracle decodes of the "
+            f"calibration set, {info['heldout_rows']} held out; probe after layer {info['probe_layers'] - 1}): "
+            f"{head('draft')}; {head('slim')}. ![reliability](router/{pair}/reliability.png)\n"
+            if info.get("probe_layers") else
+            f"The learned router of `{pair}` ({info['rows']} rows, {info['heldout_rows']} held out, no probe): "
+            f"{head('draft')}; {head('slim')}. ![reliability](router/{pair}/reliability.png)\n")
+
+
 def main_costs(params: Params, pair: str, task: str) -> dict | None:
     """The cost model of the DIMR slim's threshold search (None before it has run)."""
     from ..search.pass_cost import costs_from_json
@@ -357,7 +378,8 @@ def run_report_stage(params: Params) -> dict:
                     "Agreement = share of positions of held-out text where the model's greedy token equals the "
                     "target's (teacher-forced); NLL − target's on the same tokens. What the tiers need: a slim "
                     "much closer to the target than the draft is.\n", table,
-                    f"DIMR search of `{pair}`: ![search](dimr/{pair}/search.png) ![layers](dimr/{pair}/layers.png)\n"]
+                    f"DIMR search of `{pair}`: ![search](dimr/{pair}/search.png) ![layers](dimr/{pair}/layers.png)\n",
+                    router_summary(params, pair)]
     times = stage_times(params.models_dir.parent / "benchmarks")
     if times:
         side_by_side = ("Jobs whose threads fit in `--cores` run side by side, so the sums can exceed the study's "

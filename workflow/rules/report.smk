@@ -6,6 +6,8 @@ rule report:
         # the family table: the masks' agreement figures (the models' training reports come with them)
         masks=expand(f"{MODELS}/masks/{{pair}}", pair=STUDY["pairs"]),
         thresholds=expand(f"{MODELS}/thresholds/{{pair}}-{{task}}", pair=STUDY["pairs"], task=STUDY["tasks"]),
+        # the router's held-out AUC and ECE
+        routers=expand(f"{MODELS}/routers/{{pair}}", pair=STUDY["pairs"]),
     output:
         summary=report(f"{REPORTS}/summary.md", category="Summary"),
         metrics=f"{REPORTS}/metrics.json",
