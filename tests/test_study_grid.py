@@ -25,6 +25,8 @@ from viasd.stages.slims import slims_to_tune
     ("viasd-cost_target", "viasd", "cost_target", "cost_target", None),
     ("viasd-independent", "viasd", "independent", None, None),
     ("viasd-no_tier2", "viasd", "no_tier2", "main", None),
+    ("viasd-rules", "viasd", "rules", "main", None),
+    ("viasd-oracle", "viasd", "oracle", "main", None),
     ("sd-gamma_6", "sd", "gamma_6", None, 6),
 ])
 def test_runs_parse(text, method, ablation, mask, gamma):
@@ -36,6 +38,7 @@ def test_runs_parse(text, method, ablation, mask, gamma):
     ("beam", "unknown method 'beam'"),
     ("sd-mask_random", "only cascade_sd and viasd have"),
     ("cascade_sd-no_tier2", "no_tier2 is a VIA-SD ablation"),
+    ("cascade_sd-oracle", "oracle is a VIA-SD ablation"),
     ("ar-gamma_3", "ar has no draft block length"),
     ("viasd-gamma_0", "unknown ablation 'gamma_0'"),
     ("viasd-bigger", "unknown ablation 'bigger'"),
@@ -62,7 +65,10 @@ def test_policy_and_inputs_of_each_run(tmp_path):
     assert slims_to_tune(params) == ["main", "cost_target"]
     (tmp_path / "shared").mkdir()
     shared = config.load(smoke_params(tmp_path / "shared", {"thresholds": {"per_slim": False}}))
-    assert slims_to_tune(shared) == ["main"]
+    # the smoke grid's viasd-rules run: the hand rules' own search, whatever thresholds.per_slim says
+    assert slims_to_tune(shared) == ["main", "rules"]
+    assert run_inputs(shared, "smoke", "humaneval", "viasd-rules")["thresholds"].name == "rules.json"
+    assert run_inputs(shared, "smoke", "humaneval", "viasd-oracle")["thresholds"].name == "main.json"
     assert run_inputs(shared, "smoke", "humaneval", "viasd-mask_random")["thresholds"].name == "main.json"
     assert run_inputs(params, "smoke", "humaneval", "viasd-cost_target")["mask"].name == "cost-target.json"
     assert "mask" not in run_inputs(params, "smoke", "humaneval", "viasd-independent")
@@ -82,6 +88,10 @@ def test_policy_and_inputs_of_each_run(tmp_path):
     no_tier2 = run_policy(params, "smoke", "stdlib_continuation", "viasd-no_tier2")
     assert math.isinf(no_tier2.tau_slim) and no_tier2.tau_accept == 2.5
     assert run_policy(params, "smoke", "stdlib_continuation", "viasd-gamma_6").gamma == 6
+    # the oracle at the tuned gamma, every tier its own (none switched off, even if the tuned policy is SD)
+    path.write_text(json.dumps({**tuned, "tau_accept": "inf", "tau_slim": "inf"}))
+    oracle = run_policy(params, "smoke", "stdlib_continuation", "viasd-oracle")
+    assert (oracle.router, oracle.gamma, oracle.tiers_off, oracle.verify_lagged) == ("oracle", 3, False, False)
 
 
 def test_shared_optuna_storage_is_seen_by_another_worker(tmp_path):
