@@ -181,8 +181,18 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     assert main(["bench", *base, "--prompts", "2", "--repeats", "2", "--max-new-tokens", "12", "--gamma", "3"]) == 0
     out = capsys.readouterr().out
     result = json.loads(bench_paths(params, "smoke", "stdlib_continuation")["json"].read_text())
-    methods = ["hf_ar", "hf_assisted", "hf_assisted_fixed", "ar", "sd", "cascade_sd", "spec_cascade", "viasd"]
+    from viasd.stages.paths import threshold_paths
+
+    methods = ["hf_ar", "hf_assisted", "hf_assisted_fixed", "ar", "sd", "cascade_sd", "spec_cascade", "viasd",
+               "viasd_oracle"]
+    # the hand rules' own tuned policy, when the session's study folder holds its search
+    methods += ["viasd_rules"] if threshold_paths(params, "stdlib_continuation", "smoke", "rules")["json"].exists() else []
     assert set(result["methods"]) == set(methods) and all(m in out for m in methods)
+    # the oracle: the target's greedy output, its speed the cost model's, beside every ratio how close the model is
+    oracle = result["methods"]["viasd_oracle"]
+    assert oracle["quality"]["fidelity"] == 1.0 and "tokens_per_second_without_peek" in oracle
+    assert "viasd_oracle_vs_sd_model" in result["ratios_model"] and "viasd_oracle_vs_sd" not in result["ratios"]
+    assert result["model_over_measured"]["sd_vs_ar"] > 0 and "loop:sd" in result["pass_cost_model"]
     for row in result["methods"].values():
         tps = row["tokens_per_second"]
         assert len(tps["rounds"]) == 2 and tps["min"] <= tps["median"] <= tps["max"]

@@ -333,8 +333,9 @@ def summarise(methods, seconds, n_tokens, stats, counts, memory) -> dict:
         # an oracle's timed rounds include its peeks, and its time without them (the checked round's peek
         # seconds taken off) is still slowed by them (a 12-layer pass between its own evicts the caches): on
         # the default family 1.05x sd where the cost model says 1.30x. Its speed is the modelled one.
-        if st.peek_passes:
-            per[name]["tokens_per_second_without_peek"] = n_tokens / (statistics.median(seconds[name]) - st.peek_time_s)
+        if st.peek_passes:  # (None when the checked round's peeks took longer than a timed round: noise)
+            rest = statistics.median(seconds[name]) - st.peek_time_s
+            per[name]["tokens_per_second_without_peek"] = n_tokens / rest if rest > 0 else None
     ratios["viasd_rules_vs_sd"] = ratio("viasd_rules", "sd")
     oracle_model = ratios_model.get("viasd_oracle_vs_sd_model")
     headroom = {"viasd_measured": headroom_share(ratios.get("viasd_vs_sd"), oracle_model),
