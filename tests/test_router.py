@@ -187,18 +187,19 @@ def test_catch_up_is_folded_into_the_blocks_full_pass(model_sets, tokenizer):
 
 
 def test_verify_block_rechecks_the_escalated_blocks_own_positions(model_sets, tokenizer):
-    """Tier 2 off, tier 1 lenient: an escalation re-verifies its block from position 0, so no escalated
-    block keeps a wrong tier-1 token; without it the settled positions stay unchecked."""
+    """Tier 2 off (no regeneration, no bonus), tier 1 lenient: with verify_block an escalated block is verified
+    from position 0, so tier 1 keeps only the tokens of blocks that never escalated (each withheld its bonus:
+    `gamma` tokens each, the last block maybe fewer); without it, escalated blocks keep their tier-1 prefix."""
     models = model_sets("llama")
     ids = tokenizer(PROMPTS[2])["input_ids"]
     kw = dict(method="viasd", tau_accept=1.2, tau_slim=math.inf, verify_lagged=False)
+    again = _run(models, ids, verify_block=True, **kw).stats
+    check_accounting(again)
+    settled_blocks = again.bonus_withheld
+    assert again.lagged_checked == 0 and settled_blocks > 0 and again.escalated_blocks > 0
+    assert 4 * (settled_blocks - 1) < again.accepted_direct <= 4 * settled_blocks
     plain = _run(models, ids, **kw).stats
-    again = _run(models, ids, verify_block=True, **kw)
-    check_accounting(again.stats)
-    assert again.stats.lagged_checked == 0
-    # positions settled in escalated blocks are counted as the full model's decision, not tier 1's
-    assert again.stats.accepted_direct <= plain.accepted_direct
-    assert _fidelity(models, ids, again.token_ids) >= _fidelity(models, ids, _run(models, ids, **kw).token_ids)
+    assert plain.accepted_direct > 4 * plain.bonus_withheld  # tier-1 prefixes of escalated blocks kept
 
 
 def test_router_stage_fits_and_a_decode_uses_it(study):
@@ -223,7 +224,7 @@ def test_router_stage_fits_and_a_decode_uses_it(study):
         info = router.info[head]
         assert info["auc"] is None or 0 <= info["auc"] <= 1
         assert 0 <= info["ece"] <= 1 and sum(b["n"] for b in info["reliability"]) == info["heldout_rows"]
-    assert 0 < router.info["decision_seconds_per_block"] < 0.01
+    assert router.info["decision_seconds_per_block"] > 0  # measured, reported; speed is never asserted
     models = load_models(params.model_dir("target"), draft=params.model_dir("draft"), masks=[mask_paths(params)["mask"]],
                          device="cpu", dtype="float32")
     models.router = router

@@ -160,7 +160,8 @@ def method_table(models: ModelSet, names: list[str], gamma: int, max_new_tokens:
         elif name == "viasd":
             out.append(BenchMethod(name, replace(base, method="viasd", **(viasd or {}))))
         elif name in VIASD_VARIANTS:
-            settings = (variants or {}).get(name, oracle_settings(viasd) if name == "viasd_oracle" else viasd)
+            default = oracle_settings((viasd or {}).get("gamma")) if name == "viasd_oracle" else viasd
+            settings = (variants or {}).get(name, default)
             out.append(BenchMethod(name, replace(base, method="viasd", **(settings or {}))))
         elif name == "spec_cascade":
             out.append(BenchMethod(name, replace(base, method="spec_cascade", **(spec_cascade or {}))))

@@ -133,7 +133,10 @@ class DecodeSession:
             self.stats.slim_accept_by_level = [0] * len(slims)
             self.stats.regen_by_level = [0] * len(slims)
         self._set_up_router(policy, target, vocab_size, capacity, router, router_rows)
-        for r in (*self.runners, *([self.peek] if self.peek is not None else [])):
+        # the method's runners and the oracle's peek runner (kept out of `runners`: its passes are not the
+        # method's), for what every cache needs: start, the prompt's encoding, rollback
+        self.every_runner = [*self.runners, *([self.peek] if self.peek is not None else [])]
+        for r in self.every_runner:
             r.start()
         if self.seq2seq:
             self._encode(torch.tensor([encoder_prompt], dtype=torch.long, device=device))
@@ -182,7 +185,7 @@ class DecodeSession:
         every slim routed out of it (they share its encoder), the draft and an independent model encode
         their own."""
         encoded = {}
-        for r in (*self.runners, *([self.peek] if self.peek is not None else [])):
+        for r in self.every_runner:
             encoder = r.model.get_encoder()
             if encoder not in encoded:
                 start = time.perf_counter()
@@ -227,10 +230,8 @@ class DecodeSession:
         self.ids[0, at] = token
         new = self.ids[0, self.length : at + 1].tolist()
         self.length = at + 1
-        for r in self.runners:
+        for r in self.every_runner:
             r.rollback(min(r.cached, self.length - 1))
-        if self.peek is not None:
-            self.peek.rollback(min(self.peek.cached, self.length - 1))
         self.generated.extend(new)
         keep = self.stop.cut(self.generated)
         if keep is not None:

@@ -44,10 +44,6 @@ FEATURES = (
 )
 
 
-def _entropy(probs: torch.Tensor) -> torch.Tensor:
-    return -(probs * probs.clamp_min(_EPS).log()).sum(-1)
-
-
 def position_features(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """The router's scalar features of a block, `[g + 1, len(FEATURES)]` float32.
 
@@ -57,9 +53,9 @@ def position_features(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> torc
     g = x.shape[0]
     top2 = q.topk(2, dim=-1)
     q_max, q_arg = top2.values[:, 0], top2.indices[:, 0]
-    log_q = q.clamp_min(_EPS).log()
+    log_q, log_p = q.clamp_min(_EPS).log(), p.clamp_min(_EPS).log()  # each computed once, entropies included
     out = torch.zeros((g + 1, len(FEATURES)), dtype=torch.float32, device=q.device)
-    log_p_x = p.gather(-1, x[:, None])[:, 0].clamp_min(_EPS).log()
+    log_p_x = log_p.gather(-1, x[:, None])[:, 0]
     log_q_x = log_q[:g].gather(-1, x[:, None])[:, 0]
     out[:g, 0] = log_p_x
     out[:g, 1] = log_q_x
@@ -67,8 +63,8 @@ def position_features(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> torc
     out[:, 3] = q_max.clamp_min(_EPS).log()
     out[:g, 4] = p.max(-1).values.clamp_min(_EPS).log()
     out[:, 5] = q_max - top2.values[:, 1]
-    out[:, 6] = _entropy(q)
-    out[:g, 7] = _entropy(p)
+    out[:, 6] = -(q * log_q).sum(-1)
+    out[:g, 7] = -(p * log_p).sum(-1)
     out[:g, 8] = (q_arg[:g] == x).float()
     out[:, 9] = torch.arange(g + 1, dtype=torch.float32, device=q.device)
     out[g, 10] = 1.0
@@ -170,9 +166,9 @@ class RouterRows:
         }
 
 
-def oracle_settings(viasd: dict | None) -> dict:
-    """The oracle beside a tuned policy: its gamma, every tier decided by the oracle (none off)."""
-    gamma = (viasd or {}).get("gamma")
+def oracle_settings(gamma: int | None = None) -> dict:
+    """The policy fields of the oracle beside a tuned policy (`gamma`: the tuned one): every tier decided by
+    the oracle, none switched off (the taus are unused), no gate, catch-up or lagged check."""
     return {"router": "oracle", "tau_accept": 1.0, "tau_slim": 0.5, "gate": 0.0, "max_lag": 0, "verify_lagged": False,
             **({"gamma": gamma} if gamma else {})}
 

@@ -8,8 +8,8 @@ model's rest after a shared trunk, `slim:0` an exit head) costs
 seconds for `w` tokens fed (rows, for an exit head): a fixed part (the weights read once, the call's
 own overhead) and a part that grows with the block. The decode loop's own work outside the passes
 (drafting loop, sampling, tier decisions, commits) is one more layout, `loop:<method>`, one "pass" per
-call of the method's block: on a machine with a high per-op cost it is a large share of a block, and a
-model of the passes alone predicted `sd` 1.74x `ar` where 1.23x was measured. Costing a pass by its layout alone charged a
+call of the method's block: on a machine with a high per-op cost it is a large share of a block (there,
+a model of the passes alone had predicted `sd` 1.74x `ar` where 1.23x was measured). Costing a pass by its layout alone charged a
 7-token verification (γ = 6) the same as a 3-token one (γ = 2), and so favoured long blocks.
 
 The two numbers are fitted per layout, by least squares weighted by pass counts, on the decoding
@@ -50,11 +50,15 @@ def split_key(key: str) -> tuple[str, str]:
 
 def decoding_passes(stats: DecodeStats) -> dict[str, dict[int, tuple[int, float]]]:
     """Layout -> width -> (passes, seconds), the prefill left out."""
+    return _decoding_passes(stats.pass_widths, stats.pass_width_s)
+
+
+def _decoding_passes(pass_widths: dict[str, int], pass_width_s: dict[str, float]) -> dict:
     out: dict[str, dict[int, tuple[int, float]]] = {}
-    for key, n in stats.pass_widths.items():
+    for key, n in pass_widths.items():
         layout, width = split_key(key)
         if width != PREFILL and n:
-            out.setdefault(layout, {})[int(width)] = (n, stats.pass_width_s.get(key, 0.0))
+            out.setdefault(layout, {})[int(width)] = (n, pass_width_s.get(key, 0.0))
     return out
 
 
@@ -97,11 +101,14 @@ def missing_layouts(stats: DecodeStats, costs: dict[str, PassCost]) -> set[str]:
     return set(decoding_passes(stats)) - set(costs)
 
 
-def widths_per_token(stats: DecodeStats) -> dict[str, float]:
-    """Decoding passes per generated token, by `"layout/width"`: a decode's cost under any costs."""
-    tokens = max(stats.new_tokens, 1)
-    return {f"{layout}/{w}": n / tokens for layout, widths in decoding_passes(stats).items()
-            for w, (n, _) in widths.items()}
+def widths_per_token(stats: DecodeStats | dict) -> dict[str, float]:
+    """Decoding passes per generated token, by `"layout/width"`: a decode's cost under any costs. `stats`:
+    the statistics, or their `as_dict()` (a decode summary read back)."""
+    if isinstance(stats, dict):
+        tokens, passes = max(stats["new_tokens"], 1), _decoding_passes(stats["pass_widths"], stats["pass_width_s"])
+    else:
+        tokens, passes = max(stats.new_tokens, 1), decoding_passes(stats)
+    return {f"{layout}/{w}": n / tokens for layout, widths in passes.items() for w, (n, _) in widths.items()}
 
 
 def cost_per_token(widths: dict[str, float], costs: dict[str, PassCost]) -> float:

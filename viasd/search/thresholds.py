@@ -287,7 +287,7 @@ def oracle_points(dev: DevSet, cfg: ThresholdConfig) -> list[dict]:
 
     points = []
     for gamma in cfg.gamma:
-        policy = replace(dev.base, **oracle_settings({"gamma": gamma}))
+        policy = replace(dev.base, **oracle_settings(gamma))
         points.append(_point(policy, dev.evaluate(policy), cfg, number=None, tiers_off=False, oracle=True))
     return points
 

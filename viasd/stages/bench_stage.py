@@ -227,8 +227,9 @@ def frontier_table(models, viasd: dict, gamma: int, max_new: int, cascade: dict,
 
     base = method_table(models, ["ar", "sd", "viasd", "spec_cascade"], gamma, max_new, None, cascade, engine)
     by_name = {m.name: m for m in base}
-    tuned = {k: v for k, v in viasd.items() if k not in ("tau_accept", "tau_slim", "router", "score", "confidence")}
-    tuned.update({k: v for k, v in viasd.items() if k in ("score", "confidence") and viasd.get("router") != "learned"})
+    # the grid varies the rules' thresholds: a learned router's tuned settings keep its gamma and engine only
+    drop = {"tau_accept", "tau_slim", "router", *(("score", "confidence") if viasd.get("router") == "learned" else ())}
+    tuned = {k: v for k, v in viasd.items() if k not in drop}
     if str(viasd.get("tau_accept")) == "inf" and str(viasd.get("tau_slim")) == "inf":  # tuned to SD: default rules
         tuned = {"gamma": viasd.get("gamma", gamma)}
     policy = replace(by_name["viasd"].policy, **tuned, gate=0.0)
@@ -241,7 +242,7 @@ def frontier_table(models, viasd: dict, gamma: int, max_new: int, cascade: dict,
         table += [BenchMethod(f"viasd router pa={ta:g} ps={ts:g}",
                               replace(policy, router="learned", tau_accept=ta, tau_slim=ts, verify_lagged=False))
                   for ta in FRONTIER_TAU_ROUTER["accept"] for ts in FRONTIER_TAU_ROUTER["slim"]]
-    table.append(BenchMethod("viasd oracle", replace(policy, **oracle_settings({"gamma": policy.gamma}))))
+    table.append(BenchMethod("viasd oracle", replace(policy, **oracle_settings(policy.gamma))))
     table += [BenchMethod(f"spec_cascade a={a:g}", replace(by_name["spec_cascade"].policy, alpha=a))
               for a in FRONTIER_ALPHA]
     return table

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..config import Params
 from ..decoding.policy import DEFAULT_CACHE, DecodePolicy
+from ..decoding.router import oracle_settings
 from ..runs import RunSpec, parse_run
 from .paths import decode_paths, router_paths, threshold_paths
 from .slims import (
@@ -81,7 +82,7 @@ def run_policy(params: Params, pair: str, task: str, run: str | RunSpec) -> Deco
     if spec.ablation == "no_tier2":
         fields["tau_slim"] = math.inf
     if spec.ablation == "oracle":  # the tuned gamma and engine; the oracle decides every tier (none is off)
-        fields.update(router="oracle", tau_accept=1.0, tau_slim=0.5, gate=0.0, max_lag=0, verify_lagged=False)
+        fields.update(oracle_settings(fields["gamma"]))
     if spec.gamma is not None:
         fields["gamma"] = spec.gamma
     return DecodePolicy(**fields)

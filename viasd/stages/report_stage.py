@@ -239,15 +239,14 @@ def modelled_seconds_per_token(e: dict, costs: dict) -> float | None:
     loop's work included, the prefill and an oracle's peeks left out); None if a layout is not priced."""
     from ..decoding.engine import LOOP
     from ..decoding.policy import METHODS
-    from ..search.pass_cost import PREFILL, cost_per_token, split_key
+    from ..search.pass_cost import cost_per_token, split_key, widths_per_token
 
-    tokens = e.get("new_tokens") or 0
     # the search decodes every policy, SD included (tiers off), through viasd's loop: its `loop:viasd` cost
     # prices the loop of the `sd` run too
-    loops = {k for k in costs if k.startswith(f"{LOOP}:")}
-    priced = {**costs, **({f"{LOOP}:{m}": costs[min(loops)] for m in METHODS} if loops else {})}
-    widths = {k: n / tokens for k, n in (e.get("pass_widths") or {}).items() if split_key(k)[1] != PREFILL and n}
-    if not tokens or any(split_key(k)[0] not in priced for k in widths):
+    viasd_loop = costs.get(f"{LOOP}:viasd")
+    priced = {**costs, **({f"{LOOP}:{m}": viasd_loop for m in METHODS} if viasd_loop else {})}
+    widths = widths_per_token(e)
+    if not e.get("new_tokens") or any(split_key(k)[0] not in priced for k in widths):
         return None
     return cost_per_token(widths, priced)
 
