@@ -22,6 +22,8 @@ def test_default_and_smoke_parse():
     ({"models": {"family": "huge"}}, "models.family: 'huge' is not one of models.families"),
     ({"data": {"split": {"train": 0.9}}}, "data.split: the fractions add up to"),
     ({"tasks": {"poetry": {"dev_prompts": 1}}}, "tasks.poetry: unknown task"),
+    ({"thresholds": {"confirm_prompts": 3}}, "tasks.stdlib_continuation.dev_prompts: 4 dev prompts, but the threshold "
+                                             "search decodes thresholds.dev_prompts + confirm_prompts = 5"),
     ({"train": {"batch_size": 0}}, "train.batch_size: 0 is less than the minimum of 1"),
     ({"train": {"bogus": 1}}, "Additional properties are not allowed ('bogus' was unexpected)"),
 ])

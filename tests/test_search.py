@@ -365,3 +365,41 @@ def test_a_trial_stops_once_the_fidelity_floor_is_out_of_reach(study):
     assert bound(k) < floor and all(bound(j) >= floor for j in range(1, k))
     lossless = dev.evaluate(replace(dev.base, gamma=4, tau_accept=math.inf, tau_slim=math.inf), min_fidelity=0.999)
     assert not lossless["pruned"] and lossless["fidelity"] == 1.0 and lossless["prompts"] == n
+
+
+def test_the_choice_is_confirmed_on_held_out_dev_prompts(study, tmp_path):
+    """The cheapest feasible tiered trial is kept only if it meets the constraints again on prompts the
+    search did not select on. Confirmed on the search's own prompts (the same decodes) it is kept at the
+    first check; on prompts where no tiered policy can meet the agreement floor (a reference no model
+    emits) every candidate is rejected, `confirm_candidates` of them at most, cheapest first, and SD wins."""
+    from viasd.metrics.quality import QualityConstraints
+    from viasd.search.thresholds import DevSet, ThresholdConfig, tune_thresholds
+    from viasd.tasks import load_examples
+
+    _, params = study
+    run_dimr_stage(params, progress=False)
+    models = load_models(params.model_dir("target"), draft=params.model_dir("draft"),
+                         masks=[mask_paths(params)["mask"]], device="cpu")
+    examples = load_examples(params.data.dir, "stdlib_continuation", "dev")[:2]
+    # tier 1 accepts almost every draft token (no draft gate, no lag): tiered trials skip most full passes
+    cfg = ThresholdConfig(n_trials=6, gamma=(2, 4), min_gain=0.0, confirm_candidates=2, scores=("ratio",),
+                          tau_accept=(1e-3, 1e-2), gate=(0.0, 0.0), max_lag=(0,),
+                          quality=QualityConstraints(min_fidelity=0.0, max_task_drop=None, min_agreement=0.0))
+    dev = DevSet(models, examples, 8)
+    same = DevSet(models, examples, 8)
+    kept = tune_thresholds(dev, cfg, f"sqlite:///{tmp_path / 'a.db'}", "t", progress=False, confirm=same)
+    assert not kept["best"]["tiers_off"]  # loose tier 1: a tiered trial is cheaper than SD
+    (check,) = kept["confirm"]
+    assert check["feasible"] and check["number"] == kept["best"]["number"]
+    assert check["fidelity"] == kept["best"]["fidelity"] and check["agreement"] == kept["best"]["agreement"]
+
+    strict = ThresholdConfig(**{**cfg.__dict__, "quality": QualityConstraints(min_fidelity=0.0, max_task_drop=None,
+                                                                              min_agreement=0.5)})
+    unreachable = DevSet(models, examples, 8)
+    unreachable.reference = [[models.vocab_size] * len(ref) for ref in unreachable.reference]
+    out = tune_thresholds(dev, strict, f"sqlite:///{tmp_path / 'a.db'}", "t", progress=False, confirm=unreachable)
+    assert out["best"]["tiers_off"]
+    ranked = sorted((t for t in out["trials"] if t["feasible"] and not t["tiers_off"]),
+                    key=lambda t: (t["cost_per_token"], t["number"]))
+    assert len(ranked) >= 2 and [c["number"] for c in out["confirm"]] == [t["number"] for t in ranked[:2]]
+    assert all(not c["feasible"] and c["violations"]["agreement"] > 0 for c in out["confirm"])

@@ -102,9 +102,15 @@ def _check_semantics(raw: dict, source: str) -> None:
         if pair not in pairs:
             raise ConfigError(f"{source}: study.pairs.{i}: {pair!r} is neither models.family nor one of models.hub_pairs"
                               f" ({', '.join(pairs)})")
+    search = raw.get("thresholds", {})
+    needed = search.get("dev_prompts", 0) + search.get("confirm_prompts", 0)
     for i, task in enumerate(study["tasks"]):
         if task not in raw["tasks"]:
             raise ConfigError(f"{source}: study.tasks.{i}: {task!r} has no entry under tasks")
+        have = raw["tasks"][task].get("dev_prompts")
+        if have is not None and have < needed:
+            raise ConfigError(f"{source}: tasks.{task}.dev_prompts: {have} dev prompts, but the threshold search "
+                              f"decodes thresholds.dev_prompts + confirm_prompts = {needed}")
     from .runs import parse_run
 
     for i, run in enumerate(study["runs"]):

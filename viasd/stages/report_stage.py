@@ -135,7 +135,8 @@ SLIM_COLUMNS = (("slim", "slim"), ("layers", "kept layers"), ("tiers_off", "tier
                 ("cost_ms_per_token", "cost ms/token (model)"), ("cost_vs_sd", "cost vs sd"),
                 ("wall_ms_per_token", "wall ms/token"), ("rejection_rate", "rejection rate"),
                 ("slim_passes_per_token", "slim passes/token"), ("full_passes_per_token", "full passes/token"),
-                ("fidelity", "fidelity"), ("task_drop", "task drop (points)"), ("agreement", "agreement"))
+                ("fidelity", "fidelity"), ("task_drop", "task drop (points)"), ("agreement", "agreement"),
+                ("confirm_task_drop", "held-out task drop"), ("confirm_checks", "held-out checks (rejected)"))
 
 
 def slim_rows(params: Params, pair: str, task: str) -> list[dict]:
@@ -155,8 +156,20 @@ def slim_rows(params: Params, pair: str, task: str) -> list[dict]:
                      **{k: tuned["dev"].get(k) for k in ("rejection_rate", "full_passes_per_token", "fidelity",
                                                          "task_drop", "agreement")},
                      "slim_passes_per_token": sum(v for k, v in (tuned["dev"].get("passes_per_token") or {}).items()
-                                                  if k.split(":")[0] == "slim")})
+                                                  if k.split(":")[0] == "slim"),
+                     **confirm_columns(tuned.get("confirm"))})
     return rows
+
+
+def confirm_columns(confirm: dict | None) -> dict:
+    """The held-out confirmation of a tuned policy: the kept policy's task drop on the held-out dev prompts
+    and how many candidates were checked (rejected ones in brackets); empty when SD won on dev."""
+    checks = (confirm or {}).get("checks") or []
+    if not checks:
+        return {}
+    kept = checks[-1] if checks[-1]["feasible"] else None
+    return {"confirm_task_drop": kept["task_drop"] if kept else None,
+            "confirm_checks": f"{len(checks)} ({sum(not c['feasible'] for c in checks)})"}
 
 
 def slim_table(rows: list[dict]) -> str:

@@ -22,7 +22,7 @@ import math
 import shutil
 from dataclasses import asdict, replace
 
-from ..config import Pair, Params
+from ..config import ConfigError, Pair, Params
 from ..decoding.router import headroom_share
 from ..io import write_json, write_jsonl, write_text
 from ..metrics.quality import QualityConstraints
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 COST_MODEL = "v3: per layout and width, prefill excluded, the decode loop's per-block work"
 
 # keys of the `thresholds` section that are not search settings
-NOT_SEARCHED = ("task", "dev_prompts", "per_slim", "ablation_trials")
+NOT_SEARCHED = ("task", "dev_prompts", "confirm_prompts", "per_slim", "ablation_trials", "rules_trials")
 WARM_START = 4  # an ablation slim's search first tries the DIMR slim's cheapest feasible tiered policies
 
 
@@ -97,6 +97,19 @@ def run_thresholds_stage(params: Params, task: str | None = None, progress: bool
     return results
 
 
+def dev_examples(params: Params, task: str) -> tuple[list, list]:
+    """The task's dev examples the search decodes (the first `thresholds.dev_prompts`) and the held-out ones
+    that confirm its choice (the next `thresholds.confirm_prompts`); one clear error if the split is short."""
+    section = params.raw.get("thresholds", {})
+    examples = load_examples(params.data.dir, task, "dev")
+    n, k = section.get("dev_prompts") or len(examples), section.get("confirm_prompts") or 0
+    if len(examples) < n + k:
+        raise ConfigError(f"thresholds: dev_prompts {n} + confirm_prompts {k} need {n + k} dev examples of {task}, "
+                          f"its dev split has {len(examples)}: raise tasks.{task}.dev_prompts (then `viasd "
+                          "prepare-data`) or lower thresholds.confirm_prompts")
+    return examples[:n], examples[n: n + k]
+
+
 def _sd_cost(out: dict) -> float:
     """The cheapest feasible tiers-off (SD) point's modelled cost per token."""
     return min(t["cost_per_token"] for t in out["trials"] if t["tiers_off"] and t["feasible"])
@@ -147,6 +160,8 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     cfg = threshold_config(params)
     if slim not in ("main", "rules") and section.get("ablation_trials"):
         cfg = replace(cfg, n_trials=section["ablation_trials"])
+    if slim == "rules" and section.get("rules_trials"):
+        cfg = replace(cfg, n_trials=section["rules_trials"])
     if slim != "main":  # the router is fitted for the DIMR slim; the ablations (and `rules`) use the hand rules
         cfg = replace(cfg, routers=("rules",))
     router_file = router_paths(params, pair.name)["router"] if "learned" in cfg.routers else None
@@ -156,7 +171,8 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
 
     engine = engine_options(params)
     signature = {"config": asdict(cfg), "engine": engine, "task": task, "dev_prompts": section.get("dev_prompts"),
-                 "slim": slim, "mask": slim_description(params, pair.name, spec), "cost_model": COST_MODEL}
+                 "confirm_prompts": section.get("confirm_prompts"), "slim": slim,
+                 "mask": slim_description(params, pair.name, spec), "cost_model": COST_MODEL}
     if pass_cost is not None:
         signature["pass_cost_model"] = costs_to_json(pass_cost)
     if router_file is not None:  # a refitted router is a new search
@@ -172,20 +188,27 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
         from ..training.router import load_router
 
         models.router = load_router(router_file)
-    examples = load_examples(params.data.dir, task, "dev")[: section.get("dev_prompts")]
+    examples, held_out = dev_examples(params, task)
     max_new = params.tasks.get(task, {}).get("max_new_tokens", 128)
     common = {} if common is None else common
     dev = DevSet(models, examples, max_new, get_task(task).stop_strings, pass_cost, task=get_task(task), engine=engine,
                  shared=common.get("dev"))
     common["dev"] = dev.shared
+    confirm = None
+    if held_out:
+        confirm = DevSet(models, held_out, max_new, get_task(task).stop_strings, dev.pass_cost, task=get_task(task),
+                         engine=engine, shared=common.get("confirm"))
+        common["confirm"] = confirm.shared
     log.info("tuning thresholds for %s on %s with slim %s", pair.name, task, slim)
     # min_gain only selects among the trials: a change re-selects from the same (resumed) study
     # (the same for the candidates of another search: they compete in the choice, not in the search)
-    searched = {**{k: v for k, v in signature.items() if k != "candidates"},
-                "config": {k: v for k, v in signature["config"].items() if k != "min_gain"}}
+    # (and for the held-out confirmation, which only checks the choice)
+    searched = {**{k: v for k, v in signature.items() if k not in ("candidates", "confirm_prompts")},
+                "config": {k: v for k, v in signature["config"].items() if k not in ("min_gain", "confirm_candidates")}}
     out = tune_thresholds(dev, cfg, optuna_storage(params, paths["storage"]),
                           study_name(f"thresholds-{pair.name}-{task}-{slim}", searched), progress,
-                          warm_start=warm_start, candidates=[{**c, "search": "rules"} for c in candidates])
+                          warm_start=warm_start, candidates=[{**c, "search": "rules"} for c in candidates],
+                          confirm=confirm)
     best = out["best"]
     # the oracle router on the same dev prompts (greedy searches of the DIMR slim): the ceiling a router has
     oracle = min(oracle_points(dev, cfg), key=lambda t: t["cost_per_token"]) if slim == "main" and \
@@ -210,6 +233,9 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
         "headroom_taken": None if oracle is None else headroom_share(_sd_cost(out) / best["cost_per_token"],
                                                                      _sd_cost(out) / oracle["cost_per_token"]),
         "quality_constraints": asdict(cfg.quality),
+        # the chosen policy checked again on held-out dev prompts (search.thresholds.confirm_choice): every check
+        # made, cheapest candidate first; the kept one is the last feasible check (none: SD, or no confirmation)
+        "confirm": {"prompts": len(held_out), "checks": out["confirm"]},
         "trials": sum(1 for t in out["trials"] if not t["tiers_off"] and t.get("search") is None),
         "pass_cost_model": costs_to_json(out["pass_cost"]), "ar_seconds_per_token": out["ar_seconds_per_token"],
         "signature": signature,

@@ -131,9 +131,10 @@ def with_prompt(example: Example, tokenizer, doctest: bool) -> Example:
 
 
 def stdlib_functions(files, tokenizer, n: int, max_prompt_tokens: int, max_body_tokens: int) -> list[Example]:
-    """`n` examples from `files` (one split's SourceFiles): every function with doctests its real body
-    passes first (at most a quarter of `n`; `extra.doctest` marks them), then one function per file in
-    hash order, round after round."""
+    """`n` examples from `files` (one split's SourceFiles): functions with doctests their real body passes
+    (at most a quarter of `n`; `extra.doctest` marks them) and one function per file in hash order, round
+    after round; a doctest function every fourth example, so that any first k examples (the threshold
+    search's dev prompts, the benchmark's first prompts) hold the same mix as all `n`."""
     from ..metrics.code_checks import passes_doctests
 
     per_file = []
@@ -142,19 +143,24 @@ def stdlib_functions(files, tokenizer, n: int, max_prompt_tokens: int, max_body_
         if cands:
             per_file.append(sorted(cands, key=lambda e: _h(e.id)))
     doctests = [e for cands in per_file for e in cands if e.extra["module"]]
-    chosen = []
+    tested = []
     for e in doctests:
-        if len(chosen) == n // 4:
+        if len(tested) == n // 4:
             break
         if passes_doctests(e.extra, e.reference):
-            chosen.append(with_prompt(e, tokenizer, doctest=True))
-    taken = {e.id for e in chosen}
+            tested.append(with_prompt(e, tokenizer, doctest=True))
+    taken = {e.id for e in tested}
+    rest: list[Example] = []
     for round_ in range(max((len(c) for c in per_file), default=0)):
         for cands in per_file:
-            if len(chosen) == n:
-                return chosen
+            if len(rest) == n - len(tested):
+                break
             if round_ < len(cands) and cands[round_].id not in taken:
-                chosen.append(with_prompt(cands[round_], tokenizer, doctest=False))
+                rest.append(with_prompt(cands[round_], tokenizer, doctest=False))
+    chosen = []
+    while tested or rest:
+        take_tested = tested and (len(chosen) % 4 == 0 or not rest)
+        chosen.append((tested if take_tested else rest).pop(0))
     if not chosen:
         raise TaskError("stdlib_functions: no function of this split has a docstring and a short body")
     return chosen
