@@ -207,8 +207,8 @@ def test_router_stage_fits_and_a_decode_uses_it(study):
     probe on the shared trunk; a decode with it runs, and its tier decisions follow its probabilities."""
     from viasd.decoding.reuse import prefix_length
     from viasd.stages.dimr_stage import run_dimr_stage
-    from viasd.stages.paths import mask_paths, router_paths
     from viasd.stages.router_stage import run_router_stage
+    from viasd.study.paths import mask_paths, router_paths
 
     _, params = study
     run_dimr_stage(params, progress=False)

@@ -89,8 +89,14 @@ def test_cascade_rules_by_hand():
     q = torch.tensor([[0.2, 0.7, 0.1], [0.8, 0.1, 0.1]])
     assert defer("chow", 0.2, p, q).tolist() == [False, True]
     assert defer("diff", 0.1, p, q).tolist() == [False, True]
-    tv = 0.5 * (p - q).abs().sum(-1)
-    assert defer("opt", 0.5, p, q).tolist() == (p.max(-1).values < q.max(-1).values - 0.5 * tv).tolist()
+    # opt defers where max p < max q - alpha * TV(p, q). By hand: row 0, TV 0.7, 0.9 < 0.7 - 0.35 no; row 1,
+    # TV 0.4, 0.4 < 0.8 - 0.2 yes; row 2 (p .5 .25 .25, q .6 .4 0), TV 0.25: 0.5 < 0.6 - 0.125 = 0.475 no at
+    # alpha 0.5, 0.5 < 0.6 - 0.025 = 0.575 yes at alpha 0.1 (there `diff` at 0.1 defers too, `chow` does not)
+    p3 = torch.cat([p, torch.tensor([[0.5, 0.25, 0.25]])])
+    q3 = torch.cat([q, torch.tensor([[0.6, 0.4, 0.0]])])
+    assert defer("opt", 0.5, p3, q3).tolist() == [False, True, False]
+    assert defer("opt", 0.1, p3, q3).tolist() == [False, True, True]
+    assert defer("opt", 0.0, p3, q3).tolist() == defer("diff", 0.0, p3, q3).tolist() == [False, True, True]
     for rule in ("chow", "diff", "opt", "token_v1", "token_v2", "token_v3"):
         pi = cascade_target(rule, 0.3, p, q)
         torch.testing.assert_close(pi.sum(-1), torch.ones(2))

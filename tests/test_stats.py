@@ -10,18 +10,28 @@ N_NEW = 40
 MODES = {"greedy": SamplingConfig(), "sampled": SamplingConfig(temperature=1.0, top_p=0.9)}
 
 
+def decoding_widths(s, name: str) -> dict[int, int]:
+    """A runner's decoding passes by width (its prefill left out)."""
+    layout = s.layouts()[name]
+    return {int(k.rpartition("/")[2]): n for k, n in s.pass_widths.items()
+            if k.rpartition("/")[0] == layout and not k.endswith("/prefill")}
+
+
 def check_widths(s):
-    """Passes by layout and width add up to each runner's passes and time; one prefill per runner."""
-    layouts = s.layouts()
-    for name, layout in layouts.items():
-        keys = [k for k in s.pass_widths if k.rpartition("/")[0] == layout]
-        assert sum(s.pass_widths[k] for k in keys) == s.passes[name]
-        assert sum(s.pass_width_s[k] for k in keys) == pytest.approx(s.time_s[name])
+    """One prefill per runner; the passes by width are those the method's blocks predict, from the
+    method's own counters (blocks, drafted tokens), which the runners do not keep."""
+    for layout in s.layouts().values():
         assert s.pass_widths.get(f"{layout}/prefill") == 1
-        decoding = [int(k.rpartition("/")[2]) for k in keys if not k.endswith("/prefill")]
-        assert all(w >= 1 for w in decoding)
-    if s.method == "ar":  # one token per decoding pass
+    target = decoding_widths(s, "target")
+    assert all(w >= 1 for w in target)
+    if s.method == "ar":  # one token per decoding pass; the prefill gives the first token
         assert set(s.pass_widths) <= {"target:4/prefill", "target:4/1", "loop:ar/1"}, s.pass_widths
+        assert target == {1: s.new_tokens + s.truncated - 1}
+    if s.method == "sd":  # one verification per block over the last committed token and the block's drafts
+        # (gamma 4); the target's first pass, from an empty cache, verifies the first block with the prompt
+        assert sum(target.values()) == s.blocks - 1
+        assert sum(w * n for w, n in target.items()) == (s.drafted - 4) + (s.blocks - 1)
+        assert max(target) <= 4 + 1
     # the loop's work: one entry per call of the method's block, its seconds what the passes leave of the wall time
     loop = f"loop:{s.method}/1"
     assert s.pass_widths[loop] >= s.blocks and 0 <= s.pass_width_s[loop] <= s.wall_time_s

@@ -10,10 +10,12 @@ from study_fixtures import smoke_params
 
 from viasd import config
 from viasd.config import ConfigError
+from viasd.errors import StudyInputError
 from viasd.runs import parse_run
-from viasd.stages.decode_stage import StudyInputError, run_inputs, run_policy
-from viasd.stages.dimr_stage import grid_costs, optuna_storage
-from viasd.stages.slims import slims_to_tune
+from viasd.search.storage import optuna_storage
+from viasd.stages.dimr_stage import grid_costs
+from viasd.study.cells import run_inputs, run_policy
+from viasd.study.slims import slims_to_tune
 
 
 @pytest.mark.parametrize("text, method, ablation, mask, gamma", [
@@ -98,13 +100,18 @@ def test_shared_optuna_storage_is_seen_by_another_worker(tmp_path):
     import optuna
 
     params = config.load(smoke_params(tmp_path, {"study": {"optuna_storage": "shared/journal.log"}}))
-    first = optuna.create_study(storage=optuna_storage(params, tmp_path / "unused.db"), study_name="s")
+
+    def storage():
+        return optuna_storage(params.study["optuna_storage"], tmp_path / "unused.db", params.models_dir.parent)
+
+    first = optuna.create_study(storage=storage(), study_name="s")
     first.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=3)
-    other = optuna.load_study(storage=optuna_storage(params, tmp_path / "unused.db"), study_name="s")
+    other = optuna.load_study(storage=storage(), study_name="s")
     assert len(other.trials) == 3 and (tmp_path / "shared" / "journal.log").exists()
     assert not (tmp_path / "unused.db").exists()
     local = config.load(smoke_params(tmp_path))
-    assert optuna_storage(local, tmp_path / "o" / "x.db") == f"sqlite:///{tmp_path / 'o' / 'x.db'}"
+    default = optuna_storage(local.study["optuna_storage"], tmp_path / "o" / "x.db", local.models_dir.parent)
+    assert default == f"sqlite:///{tmp_path / 'o' / 'x.db'}"
 
 
 @pytest.mark.parametrize("change, message", [
@@ -135,8 +142,8 @@ def test_hub_pair_resolves_to_its_ids(tmp_path):
 def test_prefix_ablation_is_its_own_dimr_search(tmp_path):
     """`viasd-prefix_<n>`: a DIMR mask searched keeping layers 0..n-1, with its own files and thresholds."""
     from viasd.stages.dimr_stage import grid_searches
-    from viasd.stages.paths import mask_paths
-    from viasd.stages.slims import mask_file, slim_name, slims_to_tune
+    from viasd.study.paths import mask_paths
+    from viasd.study.slims import mask_file, slim_name, slims_to_tune
 
     params = config.load(smoke_params(tmp_path, {"study": {"runs": ["ar", "viasd", "viasd-prefix_1", "viasd-prefix_2",
                                                                     "viasd-cost_target", "viasd-prefix_0"]}}))

@@ -109,8 +109,7 @@ def test_tokenizer_that_does_not_match_the_models(study, tmp_path):
 
 def test_decode_and_evaluate_commands_on_the_trained_family(study, capsys):
     from viasd.cli import main
-    from viasd.stages.evaluate_stage import eval_path
-    from viasd.stages.paths import decode_paths
+    from viasd.study.paths import decode_paths, eval_path
 
     src_tmp, params = study
     base = ["--params", str(src_tmp / "params.yaml"), "--no-track", "--task", "stdlib_continuation"]
@@ -156,7 +155,7 @@ def test_decode_and_evaluate_commands_on_the_trained_family(study, capsys):
     assert main(["decode", *base, "--run", "sd-no_tier2"]) == 2
     assert "no_tier2 is a VIA-SD ablation" in capsys.readouterr().err
     # a VIA-SD run whose thresholds were never tuned (the session's study folder may hold tuned ones: hidden here)
-    from viasd.stages.paths import threshold_dirs
+    from viasd.study.paths import threshold_dirs
 
     tuned = threshold_dirs(params, "stdlib_continuation", "smoke")["models"]
     hidden = tuned.with_name(tuned.name + ".hidden")
@@ -173,7 +172,7 @@ def test_decode_and_evaluate_commands_on_the_trained_family(study, capsys):
 def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     """Shape of `viasd bench`'s JSON on two prompts; speed figures are reported, never asserted."""
     from viasd.cli import main
-    from viasd.stages.paths import bench_paths
+    from viasd.study.paths import bench_paths
 
     src_tmp, params = study
     base = ["--params", str(src_tmp / "params.yaml"), "--no-track"]
@@ -181,7 +180,7 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     assert main(["bench", *base, "--prompts", "2", "--repeats", "2", "--max-new-tokens", "12", "--gamma", "3"]) == 0
     out = capsys.readouterr().out
     result = json.loads(bench_paths(params, "smoke", "stdlib_continuation")["json"].read_text())
-    from viasd.stages.paths import threshold_paths
+    from viasd.study.paths import threshold_paths
 
     methods = ["hf_ar", "hf_assisted", "hf_assisted_fixed", "ar", "sd", "cascade_sd", "spec_cascade", "viasd",
                "viasd_oracle"]

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from .bench_outputs import check_outputs, quality_of, tie_gap  # noqa: F401 (re-exported)
-from .decoding.policy import DecodePolicy
+from .decoding.policy import METHODS, DecodePolicy
 from .decoding.router import headroom_share, oracle_settings
 from .decoding.seq2seq import is_encoder_decoder
 from .decoding.stats import DecodeStats
@@ -43,7 +43,7 @@ from .search.pass_cost import cost_per_token, costs_to_json, fit_pass_costs, wid
 
 log = logging.getLogger(__name__)
 
-OURS = ("ar", "sd", "cascade_sd", "spec_cascade", "viasd")
+OURS = METHODS  # our own decoding methods, by the engine's names
 # VIA-SD variants beside the tuned `viasd`: the oracle router (the ceiling of any router: the target's greedy
 # token decides, its peek passes not counted) and the hand-set rules tuned on their own (the rules ablation)
 VIASD_VARIANTS = ("viasd_oracle", "viasd_rules")

@@ -16,8 +16,6 @@ import yaml
 from .errors import ViasdError
 
 SCHEMA = Path(__file__).resolve().parent / "schemas" / "params.schema.yaml"  # package data
-RUN_ABLATIONS = ("mask_random", "mask_truncate", "mask_every_other", "independent", "no_tier2", "cost_path",
-                 "cost_target")  # plus gamma_<n> and prefix_<n>; see viasd.stages.runs
 KNOWN_TASKS = ("stdlib_continuation", "stdlib_functions", "humaneval", "cnn_dailymail", "xsum", "wmt14_de_en", "gsm8k",
                "natural_questions", "openai_humaneval")
 

@@ -32,3 +32,7 @@ class PolicyError(ViasdError):
 
 class BenchError(ViasdError):
     """The benchmark cannot report a speedup (outputs differ, a method cannot run)."""
+
+
+class StudyInputError(ViasdError):
+    """A stage's input (mask, thresholds, router, decode output) has not been produced yet."""

@@ -11,16 +11,16 @@ from ..errors import ViasdError
 from .bench import add_bench
 from .generate import add_generate
 from .stages import (
-    _add_decode,
-    _add_dimr_search,
-    _add_evaluate,
-    _add_prepare_data,
-    _add_report,
-    _add_resolve_params,
-    _add_tracking_init,
-    _add_train_model,
-    _add_train_router,
-    _add_tune_thresholds,
+    add_decode,
+    add_dimr_search,
+    add_evaluate,
+    add_prepare_data,
+    add_report,
+    add_resolve_params,
+    add_tracking_init,
+    add_train_model,
+    add_train_router,
+    add_tune_thresholds,
 )
 
 
@@ -39,17 +39,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     add_generate(sub)
-    _add_prepare_data(sub)
-    _add_train_model(sub)
-    _add_decode(sub)
-    _add_dimr_search(sub)
-    _add_train_router(sub)
-    _add_tune_thresholds(sub)
-    _add_evaluate(sub)
-    _add_report(sub)
+    add_prepare_data(sub)
+    add_train_model(sub)
+    add_decode(sub)
+    add_dimr_search(sub)
+    add_train_router(sub)
+    add_tune_thresholds(sub)
+    add_evaluate(sub)
+    add_report(sub)
     add_bench(sub)
-    _add_resolve_params(sub)
-    _add_tracking_init(sub)
+    add_resolve_params(sub)
+    add_tracking_init(sub)
     return parser
 
 

@@ -165,7 +165,7 @@ def cell_tags(pair, task: str, spec) -> dict:
 
 def input_files(params, pair, task: str | None = None, run: str | None = None) -> dict:
     """A stage's inputs, for the `dvc_md5.*` tags of its MLflow run."""
-    from ..stages.decode_stage import run_inputs
+    from ..study.cells import run_inputs
 
     files = {"data.manifest": params.data.dir / "manifest.json"}
     if pair.trained:

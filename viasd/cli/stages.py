@@ -23,7 +23,7 @@ from .common import (
 )
 
 
-def _add_prepare_data(sub) -> None:
+def add_prepare_data(sub) -> None:
     p = stage_parser(sub, "prepare-data", "stdlib corpus splits, tokenizer, calibration set, task prompts", _prepare_data)
     p.add_argument("--only", choices=["corpus", "tasks"],
                    help="corpus: tokenizer, token datasets, calibration set (what training reads); tasks: prompts")
@@ -55,7 +55,7 @@ def _prepare_data(args) -> int:
     return 0
 
 
-def _add_train_model(sub) -> None:
+def add_train_model(sub) -> None:
     from ..training.train import ROLES
 
     p = stage_parser(sub, "train-model", "train one model of the default family (resumes from a checkpoint)",
@@ -84,7 +84,7 @@ def _train_model(args) -> int:
 
 
 
-def _add_dimr_search(sub) -> None:
+def add_dimr_search(sub) -> None:
     p = stage_parser(sub, "dimr-search", "search the routing mask of the slim verifier (resumable)", _dimr_search)
     add_pair(p)
     p.add_argument("--cost", choices=["path", "target"], help="search only with this cost function (default: "
@@ -105,7 +105,7 @@ def _dimr_search(args) -> int:
 
 def _dimr_search_one(args, params, pair, **overrides) -> None:
     from ..stages.dimr_stage import run_dimr_stage
-    from ..stages.paths import mask_paths
+    from ..study.paths import mask_paths
 
     out = run_dimr_stage(params, pair=pair, **overrides)
     paths = mask_paths(params, pair.name, out["cost_fn"], out["config"].get("keep_prefix", 0))
@@ -128,15 +128,15 @@ def _dimr_search_one(args, params, pair, **overrides) -> None:
 
 
 
-def _add_train_router(sub) -> None:
+def add_train_router(sub) -> None:
     p = stage_parser(sub, "train-router", "fit the learned router of the pair's DIMR slim on oracle decodes of the "
                      "calibration set", _train_router)
     add_pair(p)
 
 
 def _train_router(args) -> int:
-    from ..stages.paths import mask_paths
     from ..stages.router_stage import run_router_stage
+    from ..study.paths import mask_paths
 
     params = load_params(args)
     pair = params.pair(args.pair)
@@ -152,7 +152,7 @@ def _train_router(args) -> int:
 
 def _slim_name(text: str) -> str:
     from ..runs import parse_run
-    from ..stages.slims import SLIM_ABLATIONS
+    from ..study.slims import SLIM_ABLATIONS
 
     try:
         if text in ("main", "rules") or text in SLIM_ABLATIONS or parse_run(f"viasd-{text}").prefix is not None:
@@ -162,8 +162,8 @@ def _slim_name(text: str) -> str:
     raise argparse.ArgumentTypeError(f"unknown slim {text!r}: main, {', '.join(SLIM_ABLATIONS)} or prefix_<n>")
 
 
-def _add_tune_thresholds(sub) -> None:
-    from ..stages.slims import SLIM_ABLATIONS
+def add_tune_thresholds(sub) -> None:
+    from ..study.slims import SLIM_ABLATIONS
 
     p = stage_parser(sub, "tune-thresholds", "tune VIA-SD's tau_accept, tau_slim, gamma and rules on a dev split",
                       _tune_thresholds)
@@ -176,9 +176,9 @@ def _add_tune_thresholds(sub) -> None:
 
 
 def _tune_thresholds(args) -> int:
-    from ..stages.paths import threshold_paths
-    from ..stages.slims import mask_file, slim_spec
     from ..stages.thresholds_stage import run_thresholds_stage
+    from ..study.paths import threshold_paths
+    from ..study.slims import mask_file, slim_spec
     from ..tasks.base import examples_path
 
     params = load_params(args)
@@ -217,7 +217,7 @@ def _tune_thresholds(args) -> int:
 
 
 
-def _add_decode(sub) -> None:
+def add_decode(sub) -> None:
     p = stage_parser(sub, "decode", "decode a task's test prompts with runs of the study grid, side by side with ar",
                      _decode)
     add_grid_cells(p)
@@ -227,7 +227,7 @@ def _add_decode(sub) -> None:
 
 def _decode(args) -> int:
     from ..stages.decode_stage import run_decode_stage
-    from ..stages.paths import decode_paths
+    from ..study.paths import decode_paths
 
     params, pair, specs = grid_cells(args)
     summaries = run_decode_stage(params, pair.name, args.task, [s.name for s in specs], args.limit)
@@ -244,7 +244,7 @@ def _decode(args) -> int:
 
 
 
-def _add_evaluate(sub) -> None:
+def add_evaluate(sub) -> None:
     p = stage_parser(sub, "evaluate", "the task's quality metrics for the decode outputs of runs of the study grid",
                      _evaluate)
     add_grid_cells(p)
@@ -252,7 +252,8 @@ def _add_evaluate(sub) -> None:
 
 
 def _evaluate(args) -> int:
-    from ..stages.evaluate_stage import eval_path, run_evaluate_stage
+    from ..stages.evaluate_stage import run_evaluate_stage
+    from ..study.paths import eval_path
 
     params, pair, specs = grid_cells(args)
     outs = run_evaluate_stage(params, pair.name, args.task, [s.name for s in specs])
@@ -269,14 +270,14 @@ def _evaluate(args) -> int:
 
 
 
-def _add_report(sub) -> None:
+def add_report(sub) -> None:
     stage_parser(sub, "report", "tables (markdown + CSV) and plots of every evaluated run", _report)
 
 
 
 def _report(args) -> int:
-    from ..stages.paths import report_paths
     from ..stages.report_stage import run_report_stage
+    from ..study.paths import report_paths
 
     params = load_params(args)
     out = run_report_stage(params)
@@ -288,7 +289,7 @@ def _report(args) -> int:
 
 
 
-def _add_resolve_params(sub) -> None:
+def add_resolve_params(sub) -> None:
     p = sub.add_parser("resolve-params", help="write params.yaml merged with --config files (e.g. for dvc repro)")
     p.add_argument("--params", type=Path, default=Path("params.yaml"))
     p.add_argument("--config", type=Path, action="append", default=[], metavar="FILE")
@@ -314,7 +315,7 @@ def _resolve_params(args) -> int:
 
 
 
-def _add_tracking_init(sub) -> None:
+def add_tracking_init(sub) -> None:
     p = stage_parser(sub, "tracking-init", "create the MLflow store and the study's experiment (before parallel "
                      "jobs); open or close the parent run of a workflow invocation", _tracking_init)
     p.add_argument("--start-parent", metavar="NAME", help="open a parent run and print its id (Snakemake's onstart)")

@@ -339,10 +339,6 @@ class SlimVerifier:
         return ("slim[" + ",".join(map(str, self.mask.keep_layers)) + "]"
                 + ("" if encoder is None else "enc[" + ",".join(map(str, encoder)) + "]"))
 
-    def relative_cost(self) -> float:
-        """Share of the target's decoder layers this view runs (a first-order cost estimate)."""
-        return self.mask.keep_ratio
-
 
 def evenly_spaced_mask(num_layers: int, keep: int) -> RoutingMask:
     """`keep` layers spread over the stack, always keeping layer 0 (`every_other` when keep = L/2)."""

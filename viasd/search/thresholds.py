@@ -47,9 +47,6 @@ log = logging.getLogger(__name__)
 PROBABILITY_SCORES = frozenset({"slim_prob"})
 
 
-def cost_keys(stats: DecodeStats) -> dict[str, str]:
-    """Runner name -> its layout `name:layers` (`DecodeStats.layouts`)."""
-    return stats.layouts()
 OFF = math.inf
 
 
@@ -101,7 +98,7 @@ class DevSet:
     """Dev prompts with the target's greedy outputs and their task score, computed once, and the cost
     model's per-pass costs.
 
-    `pass_cost` is keyed by runner *layout*, `name:layers` (`cost_keys`): a full-model pass (`target:12`)
+    `pass_cost` is keyed by runner *layout*, `name:layers` (`DecodeStats.layouts`): a full-model pass (`target:12`)
     costs more than the full model's rest after a shared trunk (`target:11` beside `trunk:1`, reuse),
     so tiers-off (SD) blocks and tiered blocks are each costed as they run, and each layout's cost is a
     function of the pass's width (`PassCost`). Costs measured elsewhere are used as given when they
@@ -129,7 +126,7 @@ class DevSet:
         self.ar_seconds_per_token = shared.ar_seconds_per_token
         self.pass_cost = dict(pass_cost) if pass_cost is not None else None
         self.layouts = {key for probe in self._probes(4)
-                        for key in cost_keys(self.models.generate(self.prompts[0], probe).stats).values()}
+                        for key in self.models.generate(self.prompts[0], probe).stats.layouts().values()}
         if self.pass_cost is not None and not self.layouts <= set(self.pass_cost):
             log.info("the shared per-pass costs cover %s, this slim runs %s: measuring its own", sorted(self.pass_cost),
                      sorted(self.layouts))
@@ -188,7 +185,7 @@ class DevSet:
         agree = sum(agreement(r.token_ids, ref) for r, ref in zip(results, self.reference)) / len(results)
         scores = pooled(row_scores)
         score = None if pruned else self.task_score([r.text for r in results])
-        keys = cost_keys(stats)
+        keys = stats.layouts()
         missing = missing_layouts(stats, self.pass_cost)
         if missing:
             raise ViasdError(f"no measured per-pass cost for runner layout(s) {sorted(missing)} (have {sorted(self.pass_cost)})")

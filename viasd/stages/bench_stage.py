@@ -18,8 +18,8 @@ from ..benchmark import (
 )
 from ..config import Params
 from ..io import write_json, write_text
-from .decode_stage import TUNED_KEYS, engine_options
-from .paths import bench_paths, mask_paths, router_paths, threshold_paths
+from ..study.cells import TUNED_KEYS, engine_options
+from ..study.paths import bench_paths, mask_paths, router_paths, threshold_paths
 
 log = logging.getLogger(__name__)
 SWEEPS = ("gamma", "length", "prompt", "position", "frontier")

@@ -14,78 +14,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict
-from pathlib import Path
 
 from ..config import Params
-from ..decoding.policy import DEFAULT_CACHE, DecodePolicy
-from ..decoding.router import oracle_settings
+from ..decoding.policy import DecodePolicy
+from ..errors import StudyInputError
 from ..runs import RunSpec, parse_run
-from .paths import decode_paths, router_paths, threshold_paths
-from .slims import (
-    StudyInputError,
-    mask_file,
-    read_json,
-    slim_description,
-    threshold_slim,
-)
-
-# what a thresholds file sets of the viasd policy (the search's POLICY_KEYS)
-TUNED_KEYS = ("gamma", "tau_accept", "tau_slim", "score", "confidence", "gate", "max_lag", "verify_lagged", "router",
-              "verify_block")
-
-__all__ = ["StudyInputError", "decode_paths", "run_decode_stage", "run_inputs", "run_policy"]
-
-
-def engine_options(params: Params, given: dict | None = None) -> dict:
-    """The engine options of our methods (`cache`, `compile`) from params.yaml's `decode`, with the
-    non-None entries of `given` (command-line overrides) on top."""
-    section = params.raw["decode"]
-    options = {"cache": section.get("cache", DEFAULT_CACHE), "compile": bool(section.get("compile", False)),
-               "reuse": bool(section.get("reuse", False))}
-    return {**options, **{k: v for k, v in (given or {}).items() if v is not None}}
-
-
-def run_inputs(params: Params, pair: str, task: str, run: str | RunSpec) -> dict[str, Path]:
-    """The files a run reads besides the pair's models and the task's prompts: its routing mask and, for
-    `viasd`, the thresholds tuned for its slim (see `slims.threshold_slim`)."""
-    spec = parse_run(run) if isinstance(run, str) else run
-    inputs = {}
-    mask = mask_file(params, pair, spec)
-    if mask is not None:
-        inputs["mask"] = mask
-    if spec.method == "viasd":
-        inputs["thresholds"] = threshold_paths(params, task, pair, threshold_slim(params, spec))["json"]
-    return inputs
-
-
-def load_pair_router(params: Params, pair: str):
-    """The pair's learned router (`viasd train-router`), for policies tuned with `router: learned`."""
-    from ..training.router import load_router
-
-    return load_router(router_paths(params, pair)["router"])
-
-
-def run_policy(params: Params, pair: str, task: str, run: str | RunSpec) -> DecodePolicy:
-    """The decoding policy of one grid cell: params.yaml's `decode` section, the tuned thresholds for
-    `viasd`, and the run's ablation on top."""
-    spec = parse_run(run) if isinstance(run, str) else run
-    section = params.raw["decode"]
-    cascade = section.get("spec_cascade") or {}
-    fields = {"method": spec.method, "gamma": section["gamma"], "gamma_slim": section.get("gamma_slim"),
-              "rule": cascade.get("rule", "opt"), "alpha": cascade.get("alpha", 0.1),
-              "max_lag": section.get("max_lag", 0), "gate": section.get("gate", 0.0),
-              "verify_lagged": section.get("verify_lagged", True), "seed": params.seed, **engine_options(params),
-              "max_new_tokens": params.tasks.get(task, {}).get("max_new_tokens", 128)}
-    if spec.method == "viasd":
-        tuned = read_json(run_inputs(params, pair, task, spec)["thresholds"], "the tuned thresholds")
-        fields.update({k: tuned[k] for k in TUNED_KEYS if k in tuned})
-    if spec.ablation == "no_tier2":
-        fields["tau_slim"] = math.inf
-    if spec.ablation == "oracle":  # the tuned gamma and engine; the oracle decides every tier (none is off)
-        fields.update(oracle_settings(fields["gamma"]))
-    if spec.gamma is not None:
-        fields["gamma"] = spec.gamma
-    return DecodePolicy(**fields)
+from ..study.cells import load_pair_router, run_inputs, run_policy
+from ..study.paths import decode_paths
+from ..study.slims import slim_description
 
 
 def score_rows(models, prompts: list[list[int]], rows: list[dict], cache: dict) -> dict:
@@ -110,8 +46,8 @@ def run_decode_stage(params: Params, pair_name: str, task: str, runs: Sequence[s
     """Decode the task split with `runs` (default: `study.runs`) side by side with `ar`, one load of the
     pair for all; writes each run's rows and summary, returns the summaries in the order of `runs`."""
     from ..evaluation import decode_side_by_side
+    from ..study.slims import load_runs_models
     from ..tasks import get_task, load_examples
-    from .slims import load_runs_models
 
     specs = list(dict.fromkeys(parse_run(r) for r in (runs or params.raw["study"]["runs"])))
     pair = params.pair(pair_name)

@@ -14,11 +14,9 @@ Outputs (one directory per pair, so that a workflow declares one output):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from dataclasses import asdict
-from pathlib import Path
 
 from ..config import Pair, Params
 from ..decoding.routing import RoutingMask, num_decoder_layers
@@ -27,7 +25,8 @@ from ..io import write_json, write_jsonl
 from ..search.calibration import load_calibration
 from ..search.dimr import DimrConfig, MaskCost, baseline_mask, dimr_search, result_json
 from ..search.plots import layer_keep_frequency, search_curve
-from .paths import main_cost, main_prefix, mask_paths
+from ..search.storage import optuna_storage, study_name
+from ..study.paths import main_cost, main_prefix, mask_paths
 
 log = logging.getLogger(__name__)
 
@@ -62,29 +61,6 @@ def grid_costs(params: Params) -> list[str]:
     return costs
 
 
-def optuna_storage(params: Params, default_file: Path):
-    """`study.optuna_storage` when set — an RDB URL (postgresql://, mysql://) or a journal file (`*.log`, safe
-    on shared file systems) that several workers can share — else the SQLite file `default_file`."""
-    shared = params.study.get("optuna_storage")
-    if not shared:
-        default_file.parent.mkdir(parents=True, exist_ok=True)
-        return f"sqlite:///{default_file}"
-    if shared.endswith(".log"):
-        from optuna.storages import JournalStorage
-        from optuna.storages.journal import JournalFileBackend
-
-        path = Path(shared) if Path(shared).is_absolute() else params.models_dir.parent / shared
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return JournalStorage(JournalFileBackend(str(path)))
-    return shared
-
-
-def study_name(prefix: str, config: dict) -> str:
-    """One Optuna study per parameter set: a changed parameter starts afresh, the same one resumes."""
-    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
-    return f"{prefix}-{digest}"
-
-
 def run_dimr_stage(params: Params, progress: bool = True, pair: Pair | None = None, **overrides) -> dict:
     """Search (or continue, or skip when already done with these parameters); returns the mask JSON."""
     from ..models import load_models
@@ -107,7 +83,8 @@ def run_dimr_stage(params: Params, progress: bool = True, pair: Pair | None = No
     encoder_keep = cfg.encoder_keep(models.target)
     cost = MaskCost(models.target, models.draft, calibration, models.vocab_size, cfg.cost, cfg.batch_size,
                     encoder_keep)
-    storage, search_name = optuna_storage(params, paths["storage"]), study_name(f"dimr-{pair.name}", asdict(cfg))
+    storage = optuna_storage(params.study.get("optuna_storage"), paths["storage"], params.models_dir.parent)
+    search_name = study_name(f"dimr-{pair.name}", asdict(cfg))
     result = dimr_search(cost, cfg, storage, search_name, progress)
     out = result_json(result, cfg, pair=pair.name, target=pair.target, draft=pair.draft)
     found = RoutingMask.from_layers(result.keep_layers, result.num_layers)

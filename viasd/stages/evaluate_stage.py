@@ -15,12 +15,8 @@ import json
 from collections.abc import Sequence
 
 from ..config import Params
-from .decode_stage import StudyInputError
-from .paths import decode_paths
-
-
-def eval_path(params: Params, pair: str, task: str, run: str):
-    return params.reports_dir / "eval" / pair / task / f"{run}.json"
+from ..errors import StudyInputError
+from ..study.paths import decode_paths, eval_path
 
 
 def run_evaluate_stage(params: Params, pair_name: str, task: str, runs: Sequence[str] | None = None) -> list[dict]:

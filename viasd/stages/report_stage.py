@@ -27,13 +27,12 @@ import json
 from pathlib import Path
 
 from ..config import Params
+from ..errors import StudyInputError
 from ..io import write_json, write_text
 from ..report_plots import frontier, tier_breakdown
 from ..runs import parse_run
-from .decode_stage import StudyInputError
-from .evaluate_stage import eval_path
-from .paths import report_paths, router_paths, threshold_paths
-from .slims import slims_to_tune
+from ..study.paths import eval_path, mask_paths, report_paths, router_paths, threshold_paths
+from ..study.slims import slims_to_tune
 
 COLUMNS = (("run", "run"), ("method", "method"), ("ablation", "ablation"), ("rejection_rate", "rejection rate"),
            ("acceptance_rate", "acceptance"), ("mean_accepted_length", "mean acc. length"),
@@ -60,7 +59,6 @@ FAMILY_COLUMNS = (("model", "model"), ("shape", "layers × hidden"), ("parameter
 def family_rows(params: Params, pair: str) -> list[dict]:
     """The pair's models (training reports of the trained family) and slims (kept layers, DIMR cost),
     each with its teacher-forced greedy agreement with the target (measured by `viasd dimr-search`)."""
-    from .paths import mask_paths
 
     spec = params.pair(pair)
     paths = mask_paths(params, pair)

@@ -21,10 +21,10 @@ from ..decoding.reuse import prefix_length
 from ..decoding.router import RouterRows
 from ..decoding.stats import DecodeStats
 from ..search.calibration import load_calibration
+from ..study.cells import engine_options
+from ..study.paths import mask_paths, router_paths
+from ..study.slims import read_json
 from ..training.router import fit_router, save_router
-from .decode_stage import engine_options
-from .paths import mask_paths, router_paths
-from .slims import read_json
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Outputs, one directory per pair and task (so a workflow declares one output), one file set per slim
 (`main` = the DIMR mask; with `thresholds.per_slim`, also every slim ablation of `study.runs`, see
-`stages/slims.py`):
+`study/slims.py`):
   models/thresholds/<pair>-<task>/<slim>.json          what the decode stage reads: gamma, tau_accept,
                                                        tau_slim, tier rules, with their dev figures
   models/thresholds/<pair>-<task>/<slim>.trace.jsonl   every trial
@@ -28,11 +28,12 @@ from ..io import write_json, write_jsonl, write_text
 from ..metrics.quality import QualityConstraints
 from ..search.pass_cost import PassCost, costs_from_json, costs_to_json
 from ..search.plots import speed_quality
+from ..search.storage import optuna_storage, study_name
 from ..search.thresholds import POLICY_KEYS, DevSet, ThresholdConfig, oracle_points, tune_thresholds
+from ..study.cells import engine_options
+from ..study.paths import router_paths, threshold_paths
+from ..study.slims import load_run_models, mask_file, slim_description, slim_spec, slims_to_tune
 from ..tasks import get_task, load_examples
-from .dimr_stage import optuna_storage, study_name
-from .paths import router_paths, threshold_paths
-from .slims import load_run_models, mask_file, slim_description, slim_spec, slims_to_tune
 
 log = logging.getLogger(__name__)
 
@@ -167,8 +168,6 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     router_file = router_paths(params, pair.name)["router"] if "learned" in cfg.routers else None
     paths = threshold_paths(params, task, pair.name, slim)
     spec = slim_spec(slim)
-    from .decode_stage import engine_options  # decode_stage imports this module
-
     engine = engine_options(params)
     signature = {"config": asdict(cfg), "engine": engine, "task": task, "dev_prompts": section.get("dev_prompts"),
                  "confirm_prompts": section.get("confirm_prompts"), "slim": slim,
@@ -205,7 +204,8 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     # (and for the held-out confirmation, which only checks the choice)
     searched = {**{k: v for k, v in signature.items() if k not in ("candidates", "confirm_prompts")},
                 "config": {k: v for k, v in signature["config"].items() if k not in ("min_gain", "confirm_candidates")}}
-    out = tune_thresholds(dev, cfg, optuna_storage(params, paths["storage"]),
+    storage = optuna_storage(params.study.get("optuna_storage"), paths["storage"], params.models_dir.parent)
+    out = tune_thresholds(dev, cfg, storage,
                           study_name(f"thresholds-{pair.name}-{task}-{slim}", searched), progress,
                           warm_start=warm_start, candidates=[{**c, "search": "rules"} for c in candidates],
                           confirm=confirm)

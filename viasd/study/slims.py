@@ -18,15 +18,11 @@ import json
 from pathlib import Path
 
 from ..config import Pair, Params
-from ..errors import ViasdError
+from ..errors import StudyInputError
 from ..runs import RunSpec, parse_run
 from .paths import main_cost, main_prefix, mask_paths
 
 SLIM_ABLATIONS = ("mask_random", "mask_truncate", "mask_every_other", "cost_path", "cost_target", "independent")
-
-
-class StudyInputError(ViasdError):
-    """A stage's input (mask, thresholds, decode output) has not been produced yet."""
 
 
 def read_json(path: Path, what: str) -> dict:

@@ -70,6 +70,11 @@ def decode_paths(params: Params, pair: str, task: str, run: str) -> dict:
 
 
 
+def eval_path(params: Params, pair: str, task: str, run: str) -> Path:
+    """A run's evaluation (`viasd evaluate`): its decode summary with the quality measures."""
+    return params.reports_dir / "eval" / pair / task / f"{run}.json"
+
+
 def bench_paths(params: Params, pair: str, task: str, sweep: str | None = None, cache: str = DEFAULT_CACHE,
                 compile: bool = False, device: str = "cpu", dtype: str = "float32", reuse: bool | None = None) -> dict:
     """reports/bench/<pair>-<task>[-sweep-<kind>][-<cache>][-compiled][-reuse|-no_reuse][-<device>][-<dtype>]
