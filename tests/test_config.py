@@ -45,3 +45,26 @@ def test_unreadable_files(tmp_path):
     scalar.write_text(yaml.safe_dump(3))
     with pytest.raises(ConfigError, match="mapping"):
         config.load(scalar)
+
+
+def test_schema_enums_agree_with_the_code():
+    """Every choice the schema lists is one the code knows, and every one the code knows is listed (the
+    schema checks params.yaml before anything is imported; the registries are what the code runs)."""
+    from viasd.config import KNOWN_TASKS, SCHEMA, DecodeParams
+    from viasd.decoding.policy import CACHE_KINDS, DEFAULT_CACHE, ROUTERS, SPEC_CASCADE_RULES
+    from viasd.decoding.tiers import CONFIDENCES, SCORES
+    from viasd.search.cost import COSTS
+    from viasd.search.dimr import BASELINES
+    from viasd.tasks.builtin import BUILTIN
+    from viasd.tasks.hub import HUB_TASKS
+
+    schema = yaml.safe_load(SCHEMA.read_text())["properties"]
+    decode, dimr, thresholds = (schema[k]["properties"] for k in ("decode", "dimr", "thresholds"))
+    assert decode["cache"]["enum"] == list(CACHE_KINDS) and DecodeParams().cache == DEFAULT_CACHE
+    assert decode["spec_cascade"]["properties"]["rule"]["enum"] == list(SPEC_CASCADE_RULES)
+    assert set(dimr["cost"]["enum"]) == set(COSTS) and dimr["baselines"]["items"]["enum"] == list(BASELINES)
+    assert set(thresholds["scores"]["items"]["enum"]) == set(SCORES)
+    assert set(thresholds["confidences"]["items"]["enum"]) == set(CONFIDENCES)
+    # the search chooses between the rules and the learned router; the oracle is a run of its own
+    assert thresholds["routers"]["items"]["enum"] == [r for r in ROUTERS if r != "oracle"]
+    assert set(KNOWN_TASKS) == set(BUILTIN) | set(HUB_TASKS)

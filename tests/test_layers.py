@@ -36,6 +36,66 @@ def test_no_private_name_is_imported_from_another_module():
     assert not offending, f"private names imported across modules: {offending}"
 
 
+def module_graph() -> dict[str, set[str]]:
+    """viasd's modules and the viasd modules each imports, function-level imports included."""
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in modules.items():
+        deps = set()
+        for module, names in imports(path):
+            deps |= {f"{module}.{n}" if f"{module}.{n}" in modules else module for n in names} if names else {module}
+        graph[name] = {d for d in deps if d in modules and d != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check sees one
+    graph = module_graph()
+    assert "viasd.decoding.routing" in graph["viasd.decoding.reuse"]
+    assert not cycles(graph)
+
+
+def test_no_function_over_80_lines():
+    long = [(str(p.relative_to(PACKAGE)), node.name, node.end_lineno - node.lineno + 1)
+            for p in sorted(PACKAGE.rglob("*.py")) for node in ast.walk(ast.parse(p.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80]
+    assert not long, f"functions over 80 lines: {long}"
+
+
 def test_the_import_reader_resolves_relative_imports():
     """The checks above see what they claim: a relative sibling import inside `stages` reads as
     `viasd.stages.<module>`, and a private name is listed."""

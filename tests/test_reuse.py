@@ -10,7 +10,7 @@ from test_stats import check_accounting
 
 from viasd import DecodePolicy
 from viasd.decoding.engine import decode
-from viasd.decoding.reuse import SharedPrefix, prefix_length
+from viasd.decoding.reuse import SharedPrefix, prefix_length, shared_prefix
 from viasd.decoding.routing import RoutingMask, SlimVerifier
 
 N_NEW = 40
@@ -26,7 +26,7 @@ def test_prefix_length():
 def test_same_greedy_tokens_with_and_without_reuse(model_sets, tokenizer, arch, kw):
     models = model_sets(arch)
     slim = models.slims[0]
-    assert slim.shared_prefix() is not None and slim.shared_prefix().k == prefix_length(slim.mask.keep_layers)
+    assert shared_prefix(slim) is not None and shared_prefix(slim).k == prefix_length(slim.mask.keep_layers)
     for prompt in PROMPTS:
         ids = tokenizer(prompt)["input_ids"]
         runs = {reuse: models.generate(ids, DecodePolicy(method="viasd", gamma=4, max_new_tokens=N_NEW,
@@ -37,7 +37,7 @@ def test_same_greedy_tokens_with_and_without_reuse(model_sets, tokenizer, arch, 
         check_accounting(shared)
         for name in ("draft", "slim", "target"):
             assert shared.passes[name] == plain.passes[name]
-        k = slim.shared_prefix().k
+        k = shared_prefix(slim).k
         L = models.target.config.num_hidden_layers
         # the shared layers run once per position: trunk + rest never exceed the unshared layer count
         assert shared.layer_tokens["trunk"] == k * shared.tokens_processed["trunk"]
@@ -72,7 +72,7 @@ def test_layouts_that_cannot_split_fall_back(model_sets, tokenizer, caplog):
 def test_masks_without_a_shared_prefix(model_sets):
     models = model_sets("llama")
     L = models.target.config.num_hidden_layers
-    assert SlimVerifier(models.target, RoutingMask.from_layers([1, 2], L)).shared_prefix() is None
+    assert shared_prefix(SlimVerifier(models.target, RoutingMask.from_layers([1, 2], L))) is None
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -82,7 +82,7 @@ def test_early_exit_slim_shares_its_whole_pass(model_sets, tokenizer, arch):
     models = model_sets(arch)
     L = models.target.config.num_hidden_layers
     slim = SlimVerifier(models.target, RoutingMask.from_layers([0, 1], L))
-    split = slim.shared_prefix()
+    split = shared_prefix(slim)
     assert split is not None and split.early_exit and split.k == 2
     kw = dict(method="viasd", gamma=4, max_new_tokens=N_NEW, eos_token_ids=(), tau_accept=1.0, tau_slim=0.3)
     for prompt in PROMPTS:

@@ -102,7 +102,7 @@ def test_shared_optuna_storage_is_seen_by_another_worker(tmp_path):
     params = config.load(smoke_params(tmp_path, {"study": {"optuna_storage": "shared/journal.log"}}))
 
     def storage():
-        return optuna_storage(params.study["optuna_storage"], tmp_path / "unused.db", params.models_dir.parent)
+        return optuna_storage(params.study.optuna_storage, tmp_path / "unused.db", params.models_dir.parent)
 
     first = optuna.create_study(storage=storage(), study_name="s")
     first.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=3)
@@ -110,7 +110,7 @@ def test_shared_optuna_storage_is_seen_by_another_worker(tmp_path):
     assert len(other.trials) == 3 and (tmp_path / "shared" / "journal.log").exists()
     assert not (tmp_path / "unused.db").exists()
     local = config.load(smoke_params(tmp_path))
-    default = optuna_storage(local.study["optuna_storage"], tmp_path / "o" / "x.db", local.models_dir.parent)
+    default = optuna_storage(local.study.optuna_storage, tmp_path / "o" / "x.db", local.models_dir.parent)
     assert default == f"sqlite:///{tmp_path / 'o' / 'x.db'}"
 
 

@@ -8,7 +8,7 @@ Every problem is a `ConfigError` naming the file and the key, e.g.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import yaml
@@ -189,6 +189,93 @@ class TrainParams:
     eval_tokens: int = 200_000
 
 
+DEFAULT_MAX_NEW_TOKENS = 128  # a task's max_new_tokens when params.yaml gives none
+
+
+@dataclass(frozen=True)
+class StudyParams:
+    """`study:` — what the study runs: every pair x task x run."""
+
+    name: str = "default"
+    reports: str = "reports"
+    optuna_storage: str | None = None  # null: SQLite files in models/optuna/; or a URL / journal file (*.log)
+    pairs: tuple[str, ...] = ()
+    tasks: tuple[str, ...] = ()
+    runs: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class DecodeParams:
+    """`decode:` — the study's decoding policy outside the tuned thresholds, and the engine options."""
+
+    split: str = "test"
+    gamma: int = 4
+    gamma_slim: int | None = None
+    cascade_rule: str = "opt"        # spec_cascade.rule
+    cascade_alpha: float = 0.1       # spec_cascade.alpha
+    max_lag: int = 0
+    gate: float = 0.0
+    verify_lagged: bool = True
+    reuse: bool = False
+    cache: str = "inplace"           # decoding.policy.DEFAULT_CACHE (tests/test_config.py checks they agree)
+    compile: bool = False
+
+    def engine(self) -> dict:
+        """The engine options of our methods: `cache`, `compile`, `reuse`."""
+        return {"cache": self.cache, "compile": self.compile, "reuse": self.reuse}
+
+    def spec_cascade(self) -> dict:
+        return {"rule": self.cascade_rule, "alpha": self.cascade_alpha}
+
+
+@dataclass(frozen=True)
+class DimrParams:
+    """`dimr:` — the routing-mask search (`search.dimr.DimrConfig` takes `search_settings()`)."""
+
+    keep_ratio: float = 0.5
+    keep_prefix: int = 0
+    encoder_keep_ratio: float | None = None
+    cost: str = "path"
+    n_random: int = 20
+    n_bayes: int = 40
+    sampler: str = "tpe"
+    batch_size: int = 8
+    baselines: tuple[str, ...] = ()
+
+    def search_settings(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k != "baselines"}
+
+
+@dataclass(frozen=True)
+class ThresholdParams:
+    """`thresholds:` — how the threshold search runs; `search` holds the search's own settings (the fields
+    of `search.thresholds.ThresholdConfig`: trials, quality constraints, ranges), as given."""
+
+    task: str = "stdlib_continuation"
+    dev_prompts: int = 24
+    confirm_prompts: int = 0
+    per_slim: bool = True
+    ablation_trials: int | None = None
+    rules_trials: int | None = None
+    search: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RouterParams:
+    """`router:` — the learned router's rows (oracle decodes of calibration windows) and fit."""
+
+    gamma: int | None = None         # None: the largest of thresholds.gamma
+    prompts: int = 64
+    prompt_tokens: int = 128
+    max_new_tokens: int = 128
+    probe: bool = True
+    l2: float = 1e-3
+    holdout: float = 0.25
+
+
 @dataclass(frozen=True)
 class Params:
     seed: int
@@ -197,7 +284,20 @@ class Params:
     models_dir: Path
     family: Family
     train: TrainParams
+    study: StudyParams = field(default_factory=StudyParams)
+    decode: DecodeParams = field(default_factory=DecodeParams)
+    dimr: DimrParams = field(default_factory=DimrParams)
+    thresholds: ThresholdParams = field(default_factory=ThresholdParams)
+    router: RouterParams = field(default_factory=RouterParams)
     raw: dict = field(repr=False, default_factory=dict)
+
+    def section(self, name: str) -> dict:
+        """A section of params.yaml as written (what the tracking boundary logs)."""
+        return copy.deepcopy(self.raw.get(name) or {})
+
+    def max_new_tokens(self, task: str) -> int:
+        """The task's `max_new_tokens` (the study's decodes and searches on it)."""
+        return int(self.tasks.get(task, {}).get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS))
 
     def model_dir(self, role: str) -> Path:
         return self.models_dir / self.family.name / role
@@ -205,11 +305,7 @@ class Params:
     @property
     def reports_dir(self) -> Path:
         """`study.reports` (default `reports/`) beside params.yaml: decode and evaluation outputs, tables, plots."""
-        return self.models_dir.parent / self.raw["study"].get("reports", "reports")
-
-    @property
-    def study(self) -> dict:
-        return self.raw["study"]
+        return self.models_dir.parent / self.study.reports
 
     @property
     def device(self) -> str:
@@ -218,7 +314,7 @@ class Params:
     def pair(self, name: str | None = None) -> Pair:
         """The named pair (default: the study's first). Hub pairs keep their ids; the trained family's
         models live in `models/<family>/<role>`."""
-        name = name or self.study["pairs"][0]
+        name = name or self.study.pairs[0]
         if name == self.family.name:
             return Pair(name, str(self.model_dir("target")), str(self.model_dir("draft")),
                         str(self.model_dir("independent")), trained=True)
@@ -246,8 +342,30 @@ def parse(raw: dict, root: Path = Path(".")) -> Params:
         models_dir=root / models["dir"],
         family=family,
         train=TrainParams(**raw["train"]),
+        study=_section(StudyParams, raw.get("study")),
+        decode=_decode_params(raw.get("decode") or {}),
+        dimr=_section(DimrParams, raw.get("dimr")),
+        thresholds=_threshold_params(raw.get("thresholds") or {}),
+        router=_section(RouterParams, raw.get("router")),
         raw=raw,
     )
+
+
+def _section(kind, values: dict | None):
+    """A typed section: lists as tuples, the dataclass's defaults for what is not given."""
+    return kind(**{k: tuple(v) if isinstance(v, list) else v for k, v in (values or {}).items()})
+
+
+def _decode_params(section: dict) -> DecodeParams:
+    cascade = section.get("spec_cascade") or {}
+    rest = {k: v for k, v in section.items() if k != "spec_cascade"}
+    return _section(DecodeParams, {**rest, **{f"cascade_{k}": v for k, v in cascade.items()}})
+
+
+def _threshold_params(section: dict) -> ThresholdParams:
+    stage = {f.name for f in fields(ThresholdParams)} - {"search"}
+    return ThresholdParams(**{k: v for k, v in section.items() if k in stage},
+                           search={k: v for k, v in section.items() if k not in stage})
 
 
 def resolve(path: str | Path = "params.yaml", overrides: list[str | Path] = ()) -> dict:

@@ -17,7 +17,7 @@ def add_params(p) -> None:
 
 
 def experiment(params) -> str:
-    return f"viasd-{params.study['name']}"
+    return f"viasd-{params.study.name}"
 
 
 
@@ -146,7 +146,7 @@ def grid_cells(args):
 
     params = load_params(args)
     specs = []
-    for text in args.run or params.raw["study"]["runs"]:
+    for text in args.run or params.study.runs:
         try:
             specs.append(parse_run(text))
         except ValueError as err:

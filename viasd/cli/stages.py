@@ -42,14 +42,14 @@ def _prepare_data(args) -> int:
     if args.only in (None, "corpus"):
         prepare_corpus(params)
         manifest = json.loads((out / "manifest.json").read_text())
-        track(args, params, "prepare_data", "prepare_corpus", {"data": params.raw["data"]},
+        track(args, params, "prepare_data", "prepare_corpus", {"data": params.section("data")},
               {f"tokens_{k}": v for k, v in manifest["tokens"].items()} | {"vocab_size": manifest["vocab_size"]},
               {"python_version": manifest["python_version"], "pair": "-"}, [out / "manifest.json"])
     if args.only in (None, "tasks"):
         splits = (args.split,) if args.split else ("dev", "test")
         written = prepare_tasks(params, args.task, splits)
         name = "prepare_tasks" + (f"/{'+'.join(args.task)}" if args.task else "") + (f"/{args.split}" if args.split else "")
-        track(args, params, "prepare_data", name, {"tasks": {t: params.raw["tasks"][t] for t in args.task or params.tasks}},
+        track(args, params, "prepare_data", name, {"tasks": {t: params.tasks[t] for t in args.task or params.tasks}},
               {"examples": sum(len(p.read_text().splitlines()) for p in written)}, {"pair": "-"}, written)
     print(out)
     return 0
@@ -282,7 +282,7 @@ def _report(args) -> int:
     params = load_params(args)
     out = run_report_stage(params)
     paths = report_paths(params)
-    track(args, params, "report", "report", {"study": params.study}, {"tables": out["tables"], "runs": out["runs"]},
+    track(args, params, "report", "report", {"study": params.study.as_dict()}, {"tables": out["tables"], "runs": out["runs"]},
            {}, list(paths.values()))
     print(paths["summary"])
     return 0

@@ -20,6 +20,7 @@ from .compilation import compiled
 from .intermediate import IndependentVerifier
 from .kv_cache import model_cache
 from .policy import DecodePolicy
+from .reuse import ExitRunner, RestRunner, TrunkRunner, shared_prefix
 from .router import LearnedRouter, RouterRows
 from .routing import SlimVerifier
 from .runner import ModelRunner
@@ -72,16 +73,7 @@ class DecodeSession:
             prompt = [decoder_start_id(target)]
         self.prompt_len = len(prompt)
         capacity = self.prompt_len + policy.max_new_tokens + policy.gamma + 1
-        for role, model in (("target", target), ("draft", draft)):
-            limit = context_length(model) if model is not None else None
-            if limit is not None and encoder_prompt is not None and len(encoder_prompt) > limit:
-                raise PromptError(f"the prompt has {len(encoder_prompt)} tokens but the {role} model's encoder "
-                                  f"supports {limit}")
-            if limit is not None and capacity > limit:
-                raise PromptError(
-                    f"the prompt has {self.prompt_len} tokens; with max_new_tokens={policy.max_new_tokens} and "
-                    f"gamma={policy.gamma} decoding needs {capacity} positions but the {role} model supports {limit}"
-                )
+        self._check_fits(policy, capacity, encoder_prompt, target, draft)
         self.ids = torch.zeros((1, capacity), dtype=torch.long, device=device)
         self.ids[0, : self.prompt_len] = torch.tensor(prompt, dtype=torch.long, device=device)
         self.length = self.prompt_len
@@ -93,6 +85,42 @@ class DecodeSession:
         self.stop = StopRule(policy.max_new_tokens, eos_token_ids, policy.stop_strings, tokenizer)
         self.stats = DecodeStats(method=policy.method, prompt_tokens=len(encoder_prompt or prompt))
 
+        self._make_runners(policy, target, draft, slims, vocab_size, capacity)
+        self.runners = [r for r in (self.draft, self.trunk, *self.slims, self.target) if r is not None]
+        if policy.method == "viasd" and slims:
+            # per slim level, resolved once: (tau_accept, tau_slim) and the tier counters
+            self.tier_thresholds = list(zip(*policy.levels(len(slims))))
+            self.stats.direct_by_level = [0] * len(slims)
+            self.stats.slim_accept_by_level = [0] * len(slims)
+            self.stats.regen_by_level = [0] * len(slims)
+        self._set_up_router(policy, target, vocab_size, capacity, router, router_rows)
+        # the method's runners and the oracle's peek runner (kept out of `runners`: its passes are not the
+        # method's), for what every cache needs: start, the prompt's encoding, rollback
+        self.every_runner = [*self.runners, *([self.peek] if self.peek is not None else [])]
+        for r in self.every_runner:
+            r.start()
+        if self.seq2seq:
+            self._encode(torch.tensor([encoder_prompt], dtype=torch.long, device=device))
+
+    def _check_fits(self, policy: DecodePolicy, capacity: int, encoder_prompt, target: nn.Module,
+                    draft: nn.Module | None) -> None:
+        """One clear error when the prompt (with `max_new_tokens` and a block) exceeds a model's context."""
+        for role, model in (("target", target), ("draft", draft)):
+            limit = context_length(model) if model is not None else None
+            if limit is not None and encoder_prompt is not None and len(encoder_prompt) > limit:
+                raise PromptError(f"the prompt has {len(encoder_prompt)} tokens but the {role} model's encoder "
+                                  f"supports {limit}")
+            if limit is not None and capacity > limit:
+                raise PromptError(
+                    f"the prompt has {self.prompt_len} tokens; with max_new_tokens={policy.max_new_tokens} and "
+                    f"gamma={policy.gamma} decoding needs {capacity} positions but the {role} model supports {limit}"
+                )
+
+    def _make_runners(self, policy: DecodePolicy, target: nn.Module, draft: nn.Module | None, slims,
+                      vocab_size: int, capacity: int) -> None:
+        """`self.draft`, `self.trunk`, `self.slims`, `self.target`: each model with its cache and counters; with
+        reuse, the trunk shared by the slim and the full model, and their rests."""
+
         def runner(name, model, new_cache):
             return ModelRunner(name, compiled(model) if policy.compile else model, new_cache, vocab_size,
                                policy.exact_timing)
@@ -102,8 +130,6 @@ class DecodeSession:
         split = self._shared_prefix(policy, slims)
         self.trunk = None
         if split is not None:  # slim and full model share layers 0..k-1: one trunk pass per position (reuse)
-            from .reuse import ExitRunner, RestRunner, TrunkRunner
-
             weight = next(target.parameters())
             self.trunk = TrunkRunner(compiled(split.trunk) if policy.compile else split.trunk,
                                      lambda: split.new_cache("trunk", kind, capacity), capacity,
@@ -125,21 +151,6 @@ class DecodeSession:
                 runner("slim" if len(slims) == 1 else f"slim{k}", s.model, (lambda s=s: s.new_cache(kind, capacity)))
                 for k, s in enumerate(slims)
             ]
-        self.runners = [r for r in (self.draft, self.trunk, *self.slims, self.target) if r is not None]
-        if policy.method == "viasd" and slims:
-            # per slim level, resolved once: (tau_accept, tau_slim) and the tier counters
-            self.tier_thresholds = list(zip(*policy.levels(len(slims))))
-            self.stats.direct_by_level = [0] * len(slims)
-            self.stats.slim_accept_by_level = [0] * len(slims)
-            self.stats.regen_by_level = [0] * len(slims)
-        self._set_up_router(policy, target, vocab_size, capacity, router, router_rows)
-        # the method's runners and the oracle's peek runner (kept out of `runners`: its passes are not the
-        # method's), for what every cache needs: start, the prompt's encoding, rollback
-        self.every_runner = [*self.runners, *([self.peek] if self.peek is not None else [])]
-        for r in self.every_runner:
-            r.start()
-        if self.seq2seq:
-            self._encode(torch.tensor([encoder_prompt], dtype=torch.long, device=device))
 
     def _set_up_router(self, policy: DecodePolicy, target: nn.Module, vocab_size: int, capacity: int,
                        router: LearnedRouter | None, router_rows: RouterRows | None) -> None:
@@ -200,7 +211,7 @@ class DecodeSession:
         if not (policy.reuse and policy.method == "viasd" and not policy.tiers_off and len(slims) == 1
                 and isinstance(slims[0], SlimVerifier)):
             return None
-        return slims[0].shared_prefix()
+        return shared_prefix(slims[0])
 
     @property
     def remaining(self) -> int:

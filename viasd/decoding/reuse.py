@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -32,6 +33,7 @@ from torch import nn
 
 from ..errors import UnsupportedArchitectureError
 from .kv_cache import keep_slots, model_cache
+from .routing import FINAL_NORMS, RoutingMask, SlimVerifier, find_layer_stack, num_decoder_layers, routed_view
 from .runner import ModelRunner
 from .seq2seq import is_encoder_decoder
 
@@ -53,6 +55,18 @@ def _cache_for(target: nn.Module, layers, kind: str, capacity: int | None):
     return cache
 
 
+# each slim view's split, built once per view (False: its layout cannot split; the reason was logged)
+_SPLITS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def shared_prefix(slim: SlimVerifier) -> SharedPrefix | None:
+    """The `SharedPrefix` of a slim view (built once per view), or None where the layout cannot split its
+    forward (the reason is logged once)."""
+    if slim not in _SPLITS:
+        _SPLITS[slim] = SharedPrefix.build(slim.target, slim.mask) or False
+    return _SPLITS[slim] or None
+
+
 class SharedPrefix:
     """The split of `target` and its slim view at the slim's first dropped layer `k`.
 
@@ -62,8 +76,6 @@ class SharedPrefix:
     """
 
     def __init__(self, target: nn.Module, keep_layers, k: int):
-        from .routing import num_decoder_layers, routed_view
-
         n = num_decoder_layers(target)
         self.target = target
         self.k = k
@@ -106,8 +118,6 @@ class SharedPrefix:
     def check(self, length: int = 12) -> str | None:
         """Run a probe sequence through the split (with caches, in two chunks) and through the unsplit
         target and slim view; None when the logits agree to the dtype's precision, else what differs."""
-        from .routing import RoutingMask, SlimVerifier, num_decoder_layers
-
         device = next(self.target.parameters()).device
         vocab = self.target.get_output_embeddings().weight.shape[0]
         ids = (torch.arange(length, device=device) * 7919 % max(vocab - 1, 1) + 1)[None]
@@ -145,8 +155,6 @@ class ExitHead(nn.Module):
     Takes the keyword arguments of a causal-LM forward (`inputs_embeds`, `cache`, `logits_to_keep`)."""
 
     def __init__(self, target: nn.Module):
-        from .routing import FINAL_NORMS, find_layer_stack
-
         super().__init__()
         body = target
         for name in find_layer_stack(target)[:-1]:

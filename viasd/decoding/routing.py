@@ -304,7 +304,6 @@ class SlimVerifier:
         self.target = target
         self.config = _routed_config(decoder_config(target), mask.keep_layers)
         self.model = routed_view(target, mask.keep_layers, self.config, encoder_keep=mask.encoder_keep_layers)
-        self._shared_prefix = None
 
     def __call__(self, input_ids, cache=None, **kwargs):
         """Forward through the kept layers: `input_ids` `[B, T]` -> output with `.logits` `[B, T, V]`.
@@ -323,15 +322,6 @@ class SlimVerifier:
         cache = model_cache(self.target, kind, capacity)
         keep_slots(cache, self.mask.keep_layers)
         return cache
-
-    def shared_prefix(self):
-        """The `reuse.SharedPrefix` of this view (built once), or None where the layout cannot split
-        its forward (the reason is logged once)."""
-        if self._shared_prefix is None:
-            from .reuse import SharedPrefix
-
-            self._shared_prefix = SharedPrefix.build(self.target, self.mask) or False
-        return self._shared_prefix or None
 
     @property
     def name(self) -> str:

@@ -102,9 +102,9 @@ def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: l
                     progress: bool = True, engine: dict | None = None) -> dict:
     pair, models = load_bench_models(params, pair_name, device, dtype)
     engine = engine_options(params, engine)
-    gamma = gamma or params.raw["decode"]["gamma"]
-    max_new = max_new_tokens or params.tasks.get(task, {}).get("max_new_tokens", 128)
-    cascade = params.raw["decode"].get("spec_cascade") or {}
+    gamma = gamma or params.decode.gamma
+    max_new = max_new_tokens or params.max_new_tokens(task)
+    cascade = params.decode.spec_cascade()
     rules = threshold_paths(params, task, pair.name, "rules")["json"]
     methods = [m for m in methods if m != "viasd_rules" or rules.exists()]  # the rules' own search, when it ran
     variants = {"viasd_rules": viasd_settings(params, pair.name, task, "rules")} if rules.exists() else {}
@@ -137,12 +137,12 @@ def run_sweep(params: Params, pair_name: str | None, task: str, kind: str, value
     engine = engine_options(params, engine)
     default = ["hf_ar", "ar"] if kind == "position" else SWEEP_METHODS
     methods = [m for m in (methods or default) if m not in ("cascade_sd", "viasd") or models.slims]
-    gamma = gamma or params.raw["decode"]["gamma"]
-    max_new = max_new_tokens or params.tasks.get(task, {}).get("max_new_tokens", 128)
+    gamma = gamma or params.decode.gamma
+    max_new = max_new_tokens or params.max_new_tokens(task)
     viasd = viasd_settings(params, pair.name, task)
     points = []
     if kind == "position":
-        table = method_table(models, methods, gamma, max_new, viasd, params.raw["decode"].get("spec_cascade") or {},
+        table = method_table(models, methods, gamma, max_new, viasd, params.decode.spec_cascade(),
                              engine)
         for value in values:
             ms = per_token_seconds(models, table, bench_prompts(params, models, task, prompts, value), repeats=repeats)
@@ -158,7 +158,7 @@ def run_sweep(params: Params, pair_name: str | None, task: str, kind: str, value
         else:
             length = value
         settings = {**viasd, "gamma": g} if kind == "gamma" else viasd
-        table = method_table(models, methods, g, n_new, settings, params.raw["decode"].get("spec_cascade") or {}, engine)
+        table = method_table(models, methods, g, n_new, settings, params.decode.spec_cascade(), engine)
         res = run_benchmark(models, bench_prompts(params, models, task, prompts, length), table, n_new, repeats, progress)
         points.append({kind: value, **{name: {"tokens_per_second": row["tokens_per_second"]["median"],
                                               "peak_memory_mb": row["peak_memory_mb"]}
@@ -253,9 +253,9 @@ def run_frontier(params: Params, pair: str, models, task: str, prompts: int, max
     """Tokens/s against fidelity and against the task metric for `ar`, `sd`, `viasd` over its tier
     thresholds and `spec_cascade` over its lenience, all timed side by side in one benchmark run."""
     engine = engine_options(params, engine)
-    gamma = gamma or params.raw["decode"]["gamma"]
-    max_new = max_new_tokens or params.tasks.get(task, {}).get("max_new_tokens", 128)
-    cascade = params.raw["decode"].get("spec_cascade") or {}
+    gamma = gamma or params.decode.gamma
+    max_new = max_new_tokens or params.max_new_tokens(task)
+    cascade = params.decode.spec_cascade()
     table = frontier_table(models, viasd_settings(params, pair, task), gamma, max_new, cascade, engine)
     references, metric = task_references(params, task, prompts, max_new)
     res = run_benchmark(models, bench_prompts(params, models, task, prompts), table, max_new, repeats, progress,

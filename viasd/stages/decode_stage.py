@@ -49,9 +49,9 @@ def run_decode_stage(params: Params, pair_name: str, task: str, runs: Sequence[s
     from ..study.slims import load_runs_models
     from ..tasks import get_task, load_examples
 
-    specs = list(dict.fromkeys(parse_run(r) for r in (runs or params.raw["study"]["runs"])))
+    specs = list(dict.fromkeys(parse_run(r) for r in (runs or params.study.runs)))
     pair = params.pair(pair_name)
-    split = params.raw["decode"]["split"]
+    split = params.decode.split
     task_spec = get_task(task)
     examples = load_examples(params.data.dir, task, split)[:limit]
     if not examples:

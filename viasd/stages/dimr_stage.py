@@ -32,8 +32,7 @@ log = logging.getLogger(__name__)
 
 
 def dimr_config(params: Params, **overrides) -> DimrConfig:
-    section = {k: v for k, v in params.raw.get("dimr", {}).items() if k != "baselines"}
-    return DimrConfig(seed=params.seed, **{**section, **overrides})
+    return DimrConfig(seed=params.seed, **{**params.dimr.search_settings(), **overrides})
 
 
 def grid_searches(params: Params) -> list[dict]:
@@ -42,7 +41,7 @@ def grid_searches(params: Params) -> list[dict]:
     from ..runs import parse_run
 
     out = [{}] + [{"cost": c} for c in grid_costs(params)[1:]]
-    for run in params.study["runs"]:
+    for run in params.study.runs:
         prefix = parse_run(run).prefix
         if prefix is not None and prefix != main_prefix(params) and {"keep_prefix": prefix} not in out:
             out.append({"keep_prefix": prefix})
@@ -54,7 +53,7 @@ def grid_costs(params: Params) -> list[str]:
     from ..runs import parse_run
 
     costs = [main_cost(params)]
-    for run in params.study["runs"]:
+    for run in params.study.runs:
         kind = parse_run(run).mask_kind
         if kind and kind.startswith("cost_") and kind[len("cost_"):] not in costs:
             costs.append(kind[len("cost_"):])
@@ -83,7 +82,7 @@ def run_dimr_stage(params: Params, progress: bool = True, pair: Pair | None = No
     encoder_keep = cfg.encoder_keep(models.target)
     cost = MaskCost(models.target, models.draft, calibration, models.vocab_size, cfg.cost, cfg.batch_size,
                     encoder_keep)
-    storage = optuna_storage(params.study.get("optuna_storage"), paths["storage"], params.models_dir.parent)
+    storage = optuna_storage(params.study.optuna_storage, paths["storage"], params.models_dir.parent)
     search_name = study_name(f"dimr-{pair.name}", asdict(cfg))
     result = dimr_search(cost, cfg, storage, search_name, progress)
     out = result_json(result, cfg, pair=pair.name, target=pair.target, draft=pair.draft)
@@ -142,4 +141,4 @@ def family_agreement(params: Params, pair: Pair, models, masks: dict) -> dict:
 
 
 def _baselines(params: Params) -> list[str]:
-    return list(params.raw.get("dimr", {}).get("baselines", []))
+    return list(params.dimr.baselines)

@@ -26,7 +26,7 @@ def run_evaluate_stage(params: Params, pair_name: str, task: str, runs: Sequence
     from ..runs import parse_run
     from ..tasks import get_task
 
-    names = list(dict.fromkeys(parse_run(r).name for r in (runs or params.raw["study"]["runs"])))
+    names = list(dict.fromkeys(parse_run(r).name for r in (runs or params.study.runs)))
     decoded = {name: _decoded(params, pair_name, task, name) for name in names}
     spec = get_task(task)
     pair = params.pair(pair_name)

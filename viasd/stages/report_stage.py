@@ -47,7 +47,7 @@ QUALITY_FIRST = ("fidelity", "task_drop", "agreement")
 def grid(params: Params) -> list[tuple[str, str, str]]:
     """Every (pair, task, run) cell of the study."""
     s = params.study
-    return [(p, t, parse_run(r).name) for p in s["pairs"] for t in s["tasks"] for r in s["runs"]]
+    return [(p, t, parse_run(r).name) for p in s.pairs for t in s.tasks for r in s.runs]
 
 
 FAMILY_COLUMNS = (("model", "model"), ("shape", "layers × hidden"), ("parameters", "parameters"),
@@ -331,7 +331,7 @@ def run_report_stage(params: Params) -> dict:
             raise StudyInputError(f"no evaluation {path}: run `viasd evaluate --pair {pair} --task {task} "
                                   f"--run {run}` first")
         by_cell.setdefault((pair, task), []).append(json.loads(path.read_text()))
-    summary = [f"# viasd study `{params.study['name']}`\n",
+    summary = [f"# viasd study `{params.study.name}`\n",
                "Every run decodes the task's test prompts greedily; `speedup vs ar` is wall time of greedy `ar` "
                "over the run's, measured alternately in the same job; rejection rate = positions rejected by "
                "the full model / verified positions (docs/method.md (statistics)).\n"]
@@ -360,7 +360,7 @@ def run_report_stage(params: Params) -> dict:
         write_text(paths[f"{key}-slims.csv"], csv_table(slims))
         from ..metrics.quality import QualityConstraints
 
-        bounds = QualityConstraints.from_dict(params.raw["thresholds"].get("quality")).describe()
+        bounds = QualityConstraints.from_dict(params.thresholds.search.get("quality")).describe()
         summary += [f"## {pair} on {task}\n",
                     "Quality three ways: `fidelity` = share of tokens equal to the target's greedy choice given "
                     "the generated prefix; `task_drop` = points of the task metric below `ar` on the same prompts; "
@@ -379,7 +379,7 @@ def run_report_stage(params: Params) -> dict:
         headline.setdefault(pair, {})[task] = {
             e["run"]: {"speedup_vs_ar": e.get("speedup_vs_ar"), "rejection_rate": e.get("rejection_rate"),
                        **{k: e["quality"].get(k) for k in QUALITY_FIRST}} for e in evals}
-    for pair in params.study["pairs"]:
+    for pair in params.study.pairs:
         family = family_rows(params, pair)
         table = family_table(family)
         write_text(paths[f"{pair}-family.md"], f"# {pair}: models and slims\n\n{table}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import asdict
 
 import torch
 
@@ -28,15 +29,11 @@ from ..training.router import fit_router, save_router
 
 log = logging.getLogger(__name__)
 
-DEFAULTS = {"gamma": None, "prompts": 64, "prompt_tokens": 128, "max_new_tokens": 128, "probe": True, "l2": 1e-3,
-            "holdout": 0.25}
-
-
 def router_config(params: Params) -> dict:
     """`router:` of params.yaml over the defaults (gamma: the largest of `thresholds.gamma`)."""
-    cfg = {**DEFAULTS, **(params.raw.get("router") or {})}
+    cfg = asdict(params.router)
     if cfg["gamma"] is None:
-        cfg["gamma"] = max(params.raw.get("thresholds", {}).get("gamma", [4]))
+        cfg["gamma"] = max(params.thresholds.search.get("gamma", [4]))
     return cfg
 
 

@@ -41,14 +41,11 @@ log = logging.getLogger(__name__)
 # cost per runner layout, prefill averaged in) is not resumed or reused but run again
 COST_MODEL = "v3: per layout and width, prefill excluded, the decode loop's per-block work"
 
-# keys of the `thresholds` section that are not search settings
-NOT_SEARCHED = ("task", "dev_prompts", "confirm_prompts", "per_slim", "ablation_trials", "rules_trials")
 WARM_START = 4  # an ablation slim's search first tries the DIMR slim's cheapest feasible tiered policies
 
 
 def threshold_config(params: Params) -> ThresholdConfig:
-    section = {k: tuple(v) if isinstance(v, list) else v for k, v in params.raw.get("thresholds", {}).items()
-               if k not in NOT_SEARCHED}
+    section = {k: tuple(v) if isinstance(v, list) else v for k, v in params.thresholds.search.items()}
     section["quality"] = QualityConstraints.from_dict(section.get("quality"))
     return ThresholdConfig(seed=params.seed, **section)
 
@@ -76,7 +73,7 @@ def run_thresholds_stage(params: Params, task: str | None = None, progress: bool
     conditional spaces leaves each too few trials) and picks the cheapest feasible policy among its own
     trials, the rules' trials and SD, so the tuned `viasd` is the best of both."""
     pair = pair or params.pair()
-    task = task or params.raw.get("thresholds", {}).get("task", "stdlib_continuation")
+    task = task or params.thresholds.task
     slims = slims or slims_to_tune(params)
     results: dict[str, dict] = {}
     common: dict = {}
@@ -101,9 +98,8 @@ def run_thresholds_stage(params: Params, task: str | None = None, progress: bool
 def dev_examples(params: Params, task: str) -> tuple[list, list]:
     """The task's dev examples the search decodes (the first `thresholds.dev_prompts`) and the held-out ones
     that confirm its choice (the next `thresholds.confirm_prompts`); one clear error if the split is short."""
-    section = params.raw.get("thresholds", {})
     examples = load_examples(params.data.dir, task, "dev")
-    n, k = section.get("dev_prompts") or len(examples), section.get("confirm_prompts") or 0
+    n, k = params.thresholds.dev_prompts, params.thresholds.confirm_prompts
     if len(examples) < n + k:
         raise ConfigError(f"thresholds: dev_prompts {n} + confirm_prompts {k} need {n + k} dev examples of {task}, "
                           f"its dev split has {len(examples)}: raise tasks.{task}.dev_prompts (then `viasd "
@@ -151,34 +147,79 @@ def warm_start_points(params: Params, pair: str, task: str, k: int = WARM_START)
     return sorted(tiered, key=lambda t: t["cost_per_token"])[:k]
 
 
-def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool = True,
-              pass_cost: dict[str, PassCost] | None = None, common: dict | None = None,
-              warm_start: list[dict] = (), candidates: list[dict] = ()) -> dict:
-    """One slim's search; `pass_cost` shares per-pass costs (per runner layout and width) fitted in another search
-    (None, or costs that miss one of this slim's layouts: measure); `common` carries the `SharedDev` of
-    the first search to the next; `warm_start`: policies tried first (an ablation slim's search)."""
-    section = params.raw.get("thresholds", {})
+def slim_config(params: Params, slim: str) -> ThresholdConfig:
+    """The search settings of one slim's search: `thresholds.rules_trials` for the hand rules' search,
+    `ablation_trials` for the other slims', whose searches (and `rules`) use the hand rules only (the
+    router is fitted for the DIMR slim)."""
+    section = params.thresholds
     cfg = threshold_config(params)
-    if slim not in ("main", "rules") and section.get("ablation_trials"):
-        cfg = replace(cfg, n_trials=section["ablation_trials"])
-    if slim == "rules" and section.get("rules_trials"):
-        cfg = replace(cfg, n_trials=section["rules_trials"])
-    if slim != "main":  # the router is fitted for the DIMR slim; the ablations (and `rules`) use the hand rules
+    if slim not in ("main", "rules") and section.ablation_trials:
+        cfg = replace(cfg, n_trials=section.ablation_trials)
+    if slim == "rules" and section.rules_trials:
+        cfg = replace(cfg, n_trials=section.rules_trials)
+    if slim != "main":
         cfg = replace(cfg, routers=("rules",))
-    router_file = router_paths(params, pair.name)["router"] if "learned" in cfg.routers else None
-    paths = threshold_paths(params, task, pair.name, slim)
-    spec = slim_spec(slim)
-    engine = engine_options(params)
-    signature = {"config": asdict(cfg), "engine": engine, "task": task, "dev_prompts": section.get("dev_prompts"),
-                 "confirm_prompts": section.get("confirm_prompts"), "slim": slim,
-                 "mask": slim_description(params, pair.name, spec), "cost_model": COST_MODEL}
+    return cfg
+
+
+def search_signature(params: Params, pair: str, task: str, slim: str, cfg: ThresholdConfig,
+                     pass_cost: dict[str, PassCost] | None, router_file, candidates: list[dict]) -> dict:
+    """Everything a search's result depends on, as it reads back from the thresholds file: an equal
+    signature there means the result is up to date."""
+    signature = {"config": asdict(cfg), "engine": engine_options(params), "task": task,
+                 "dev_prompts": params.thresholds.dev_prompts, "confirm_prompts": params.thresholds.confirm_prompts,
+                 "slim": slim, "mask": slim_description(params, pair, slim_spec(slim)), "cost_model": COST_MODEL}
     if pass_cost is not None:
         signature["pass_cost_model"] = costs_to_json(pass_cost)
     if router_file is not None:  # a refitted router is a new search
         signature["router"] = hashlib.sha256(router_file.read_bytes()).hexdigest() if router_file.exists() else None
     if candidates:  # another search's trials compete in the choice: the result depends on them too
         signature["candidates"] = hashlib.sha256(json.dumps(candidates, sort_keys=True).encode()).hexdigest()
-    signature = json.loads(json.dumps(signature))  # as it reads back from the file
+    return json.loads(json.dumps(signature))
+
+
+DEV_KEYS = ("cost_per_token", "wall_per_token", "fidelity", "nll", "agreement", "task_metric", "task_score",
+            "task_score_ar", "task_drop", "rejection_rate", "acceptance_rate", "block_escalation_rate", "gated_rate",
+            "full_passes_per_token", "position_pass_rates", "passes_per_token", "pass_widths_per_token",
+            "speedup_model_vs_ar")
+
+
+def result_json(out: dict, cfg: ThresholdConfig, oracle: dict | None, signature: dict) -> dict:
+    """The thresholds file of a search's outcome `out` (`tune_thresholds`): the chosen policy, its dev
+    figures, SD's at its gamma, the oracle's ceiling and the share of its headroom taken (both modelled)."""
+    best, sd = out["best"], out["sd"]
+    return {
+        **{k: _json_value(best[k]) for k in POLICY_KEYS}, "tiers_off": best["tiers_off"], "mask": signature["mask"],
+        "dev": {k: best.get(k) for k in DEV_KEYS},
+        "sd_same_gamma": {k: sd[k] for k in ("cost_per_token", "wall_per_token", "rejection_rate", "acceptance_rate")},
+        "cost_vs_sd": best["cost_per_token"] / sd["cost_per_token"],
+        "oracle": None if oracle is None else {
+            "gamma": oracle["gamma"], "cost_per_token": oracle["cost_per_token"],
+            "sd_over_oracle_cost": _sd_cost(out) / oracle["cost_per_token"],
+            "position_escalation_rate": oracle["position_escalation_rate"],
+            "slim_error_rate": oracle["slim_error_rate"]},
+        # the share of the oracle's headroom over the cheapest SD point that the tuned policy takes (modelled)
+        "headroom_taken": None if oracle is None else headroom_share(_sd_cost(out) / best["cost_per_token"],
+                                                                     _sd_cost(out) / oracle["cost_per_token"]),
+        "quality_constraints": asdict(cfg.quality),
+        "trials": sum(1 for t in out["trials"] if not t["tiers_off"] and t.get("search") is None),
+        "pass_cost_model": costs_to_json(out["pass_cost"]), "ar_seconds_per_token": out["ar_seconds_per_token"],
+        "signature": signature,
+    }
+
+
+def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool = True,
+              pass_cost: dict[str, PassCost] | None = None, common: dict | None = None,
+              warm_start: list[dict] = (), candidates: list[dict] = ()) -> dict:
+    """One slim's search; `pass_cost` shares per-pass costs (per runner layout and width) fitted in another search
+    (None, or costs that miss one of this slim's layouts: measure); `common` carries the `SharedDev` of
+    the first search to the next; `warm_start`: policies tried first (an ablation slim's search)."""
+    cfg = slim_config(params, slim)
+    router_file = router_paths(params, pair.name)["router"] if "learned" in cfg.routers else None
+    paths = threshold_paths(params, task, pair.name, slim)
+    spec = slim_spec(slim)
+    engine = engine_options(params)
+    signature = search_signature(params, pair.name, task, slim, cfg, pass_cost, router_file, candidates)
     if paths["json"].exists() and json.loads(paths["json"].read_text()).get("signature") == signature:
         log.info("thresholds %s are up to date; nothing to do", paths["json"])
         return {**json.loads(paths["json"].read_text()), "up_to_date": True}
@@ -188,7 +229,7 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
 
         models.router = load_router(router_file)
     examples, held_out = dev_examples(params, task)
-    max_new = params.tasks.get(task, {}).get("max_new_tokens", 128)
+    max_new = params.max_new_tokens(task)
     common = {} if common is None else common
     dev = DevSet(models, examples, max_new, get_task(task).stop_strings, pass_cost, task=get_task(task), engine=engine,
                  shared=common.get("dev"))
@@ -204,7 +245,7 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     # (and for the held-out confirmation, which only checks the choice)
     searched = {**{k: v for k, v in signature.items() if k not in ("candidates", "confirm_prompts")},
                 "config": {k: v for k, v in signature["config"].items() if k not in ("min_gain", "confirm_candidates")}}
-    storage = optuna_storage(params.study.get("optuna_storage"), paths["storage"], params.models_dir.parent)
+    storage = optuna_storage(params.study.optuna_storage, paths["storage"], params.models_dir.parent)
     out = tune_thresholds(dev, cfg, storage,
                           study_name(f"thresholds-{pair.name}-{task}-{slim}", searched), progress,
                           warm_start=warm_start, candidates=[{**c, "search": "rules"} for c in candidates],
@@ -213,33 +254,8 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     # the oracle router on the same dev prompts (greedy searches of the DIMR slim): the ceiling a router has
     oracle = min(oracle_points(dev, cfg), key=lambda t: t["cost_per_token"]) if slim == "main" and \
         dev.base.sampling.greedy else None
-    dev_keys = ("cost_per_token", "wall_per_token", "fidelity", "nll", "agreement", "task_metric", "task_score",
-                "task_score_ar", "task_drop", "rejection_rate", "acceptance_rate", "block_escalation_rate",
-                "gated_rate", "full_passes_per_token", "position_pass_rates", "passes_per_token", "pass_widths_per_token",
-                "speedup_model_vs_ar")
-    sd = out["sd"]
-    result = {
-        **{k: _json_value(best[k]) for k in POLICY_KEYS}, "tiers_off": best["tiers_off"],
-        "task": task, "pair": pair.name, "slim": slim, "mask": signature["mask"],
-        "dev": {k: best.get(k) for k in dev_keys},
-        "sd_same_gamma": {k: sd[k] for k in ("cost_per_token", "wall_per_token", "rejection_rate", "acceptance_rate")},
-        "cost_vs_sd": best["cost_per_token"] / sd["cost_per_token"],
-        "oracle": None if oracle is None else {
-            "gamma": oracle["gamma"], "cost_per_token": oracle["cost_per_token"],
-            "sd_over_oracle_cost": _sd_cost(out) / oracle["cost_per_token"],
-            "position_escalation_rate": oracle["position_escalation_rate"],
-            "slim_error_rate": oracle["slim_error_rate"]},
-        # the share of the oracle's headroom over the cheapest SD point that the tuned policy takes (modelled)
-        "headroom_taken": None if oracle is None else headroom_share(_sd_cost(out) / best["cost_per_token"],
-                                                                     _sd_cost(out) / oracle["cost_per_token"]),
-        "quality_constraints": asdict(cfg.quality),
-        # the chosen policy checked again on held-out dev prompts (search.thresholds.confirm_choice): every check
-        # made, cheapest candidate first; the kept one is the last feasible check (none: SD, or no confirmation)
-        "confirm": {"prompts": len(held_out), "checks": out["confirm"]},
-        "trials": sum(1 for t in out["trials"] if not t["tiers_off"] and t.get("search") is None),
-        "pass_cost_model": costs_to_json(out["pass_cost"]), "ar_seconds_per_token": out["ar_seconds_per_token"],
-        "signature": signature,
-    }
+    result = {**result_json(out, cfg, oracle, signature), "task": task, "pair": pair.name, "slim": slim,
+              "confirm": {"prompts": len(held_out), "checks": out["confirm"]}}
     if best["tiers_off"]:
         log.info("thresholds %s: tiers off (plain SD at gamma %d) is the cheapest policy that meets %s",
                  paths["json"], best["gamma"], cfg.quality.describe())

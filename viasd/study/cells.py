@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from ..config import Params
-from ..decoding.policy import DEFAULT_CACHE, DecodePolicy
+from ..decoding.policy import DecodePolicy
 from ..decoding.router import oracle_settings
 from ..runs import RunSpec, parse_run
 from .paths import router_paths, threshold_paths
@@ -21,10 +21,7 @@ TUNED_KEYS = ("gamma", "tau_accept", "tau_slim", "score", "confidence", "gate", 
 def engine_options(params: Params, given: dict | None = None) -> dict:
     """The engine options of our methods (`cache`, `compile`) from params.yaml's `decode`, with the
     non-None entries of `given` (command-line overrides) on top."""
-    section = params.raw["decode"]
-    options = {"cache": section.get("cache", DEFAULT_CACHE), "compile": bool(section.get("compile", False)),
-               "reuse": bool(section.get("reuse", False))}
-    return {**options, **{k: v for k, v in (given or {}).items() if v is not None}}
+    return {**params.decode.engine(), **{k: v for k, v in (given or {}).items() if v is not None}}
 
 
 def run_inputs(params: Params, pair: str, task: str, run: str | RunSpec) -> dict[str, Path]:
@@ -51,13 +48,10 @@ def run_policy(params: Params, pair: str, task: str, run: str | RunSpec) -> Deco
     """The decoding policy of one grid cell: params.yaml's `decode` section, the tuned thresholds for
     `viasd`, and the run's ablation on top."""
     spec = parse_run(run) if isinstance(run, str) else run
-    section = params.raw["decode"]
-    cascade = section.get("spec_cascade") or {}
-    fields = {"method": spec.method, "gamma": section["gamma"], "gamma_slim": section.get("gamma_slim"),
-              "rule": cascade.get("rule", "opt"), "alpha": cascade.get("alpha", 0.1),
-              "max_lag": section.get("max_lag", 0), "gate": section.get("gate", 0.0),
-              "verify_lagged": section.get("verify_lagged", True), "seed": params.seed, **engine_options(params),
-              "max_new_tokens": params.tasks.get(task, {}).get("max_new_tokens", 128)}
+    d = params.decode
+    fields = {"method": spec.method, "gamma": d.gamma, "gamma_slim": d.gamma_slim, "rule": d.cascade_rule,
+              "alpha": d.cascade_alpha, "max_lag": d.max_lag, "gate": d.gate, "verify_lagged": d.verify_lagged,
+              "seed": params.seed, **engine_options(params), "max_new_tokens": params.max_new_tokens(task)}
     if spec.method == "viasd":
         tuned = read_json(run_inputs(params, pair, task, spec)["thresholds"], "the tuned thresholds")
         fields.update({k: tuned[k] for k in TUNED_KEYS if k in tuned})

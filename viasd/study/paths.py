@@ -10,7 +10,7 @@ from ..decoding.policy import DEFAULT_CACHE
 
 
 def main_cost(params: Params) -> str:
-    return params.raw.get("dimr", {}).get("cost", "path")
+    return params.dimr.cost
 
 
 
@@ -25,7 +25,7 @@ def plot_dir(params: Params, pair: str) -> Path:
 
 
 def main_prefix(params: Params) -> int:
-    return int(params.raw.get("dimr", {}).get("keep_prefix", 0))
+    return params.dimr.keep_prefix
 
 
 
@@ -82,7 +82,7 @@ def bench_paths(params: Params, pair: str, task: str, sweep: str | None = None, 
     device other than the CPU and a dtype other than float32 are in the name, so runs of each setting sit
     side by side (`device` is a type: `cuda`)."""
     base = params.reports_dir / "bench"
-    reuse_default = bool(params.raw.get("decode", {}).get("reuse", False))
+    reuse_default = params.decode.reuse
     reuse = reuse_default if reuse is None else reuse
     tags = [t for t, default in ((cache, DEFAULT_CACHE), ("compiled" if compile else "", ""),
                                  ("reuse" if reuse else "no_reuse", "reuse" if reuse_default else "no_reuse"),
@@ -95,8 +95,8 @@ def bench_paths(params: Params, pair: str, task: str, sweep: str | None = None, 
 def report_paths(params: Params) -> dict:
     base = params.reports_dir
     out = {"summary": base / "summary.md", "metrics": base / "metrics.json"}
-    for pair in params.study["pairs"]:
-        for task in params.study["tasks"]:
+    for pair in params.study.pairs:
+        for task in params.study.tasks:
             key = f"{pair}-{task}"
             out[f"{key}.md"] = base / "tables" / f"{key}.md"
             out[f"{key}.csv"] = base / "tables" / f"{key}.csv"
@@ -106,7 +106,7 @@ def report_paths(params: Params) -> dict:
             out[f"{key}-slims.csv"] = base / "tables" / f"{key}-slims.csv"
             out[f"{key}-positions.md"] = base / "tables" / f"{key}-positions.md"
             out[f"{key}-pass-costs.md"] = base / "tables" / f"{key}-pass-costs.md"
-    for pair in params.study["pairs"]:
+    for pair in params.study.pairs:
         out[f"{pair}-family.md"] = base / "tables" / f"{pair}-family.md"
         out[f"{pair}-family.csv"] = base / "tables" / f"{pair}-family.csv"
     out["stage-times"] = base / "tables" / "stage-times.md"

@@ -41,7 +41,7 @@ def slim_name(params: Params, spec: RunSpec) -> str:
 
 
 def per_slim(params: Params) -> bool:
-    return bool(params.raw.get("thresholds", {}).get("per_slim", True))
+    return params.thresholds.per_slim
 
 
 def threshold_slim(params: Params, spec: RunSpec) -> str:
@@ -56,7 +56,7 @@ def slims_to_tune(params: Params) -> list[str]:
     """`main`, plus every other threshold set a `viasd` run of `study.runs` reads: `rules` for the
     hand-rules ablation, and (with `thresholds.per_slim`) each slim ablation's."""
     slims = ["main"]
-    for run in params.study["runs"]:
+    for run in params.study.runs:
         spec = parse_run(run)
         if spec.method == "viasd" and threshold_slim(params, spec) not in slims:
             slims.append(threshold_slim(params, spec))

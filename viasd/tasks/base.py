@@ -36,18 +36,6 @@ class TaskSpec:
     stop_strings: tuple[str, ...] = ()
 
 
-def get_task(name: str) -> TaskSpec:
-    from .builtin import BUILTIN
-    from .hub import HUB_TASKS
-
-    if name in BUILTIN:
-        return BUILTIN[name]
-    if name in HUB_TASKS:
-        return HUB_TASKS[name].spec
-    known = ", ".join([*BUILTIN, *HUB_TASKS])
-    raise TaskError(f"unknown task {name!r}; known tasks: {known}")
-
-
 def examples_path(data_dir: Path, task: str, split: str) -> Path:
     return Path(data_dir) / "tasks" / task / f"{split}.jsonl"
 

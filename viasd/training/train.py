@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
-from ..config import Params
+from ..config import ModelArch, Params, TrainParams
 from ..decoding.routing import RoutingMask, SlimVerifier
 from ..errors import ViasdError
 from ..io import atomic_dir, write_json
@@ -137,7 +137,6 @@ def train_model(params: Params, role: str, progress: bool = True, stop_after: in
     (e.g. to log the loss live).
     """
     from tqdm.auto import tqdm
-    from transformers import AutoModelForCausalLM
 
     from ..data.tokenizer import load_tokenizer
 
@@ -154,21 +153,8 @@ def train_model(params: Params, role: str, progress: bool = True, stop_after: in
     if tp.seq_len > params.family.context:
         raise TrainingError(f"train.seq_len {tp.seq_len} exceeds the family's context {params.family.context}")
     stream = load_token_stream(params.data.dir, "train")
-    torch.manual_seed(params.seed)
-    config = llama_config(arch, len(tokenizer), params.family.context, tokenizer.eos_token_id)
-    try:
-        model = AutoModelForCausalLM.from_config(config)
-    except ValueError as err:
-        raise TrainingError(f"models.families.{params.family.name}.{role}: {err}") from None
-    teacher = None
-    if arch.distill and role != "target":
-        teacher_dir = params.model_dir("target")
-        if not (teacher_dir / "config.json").exists():
-            raise TrainingError(f"distilling the {role} needs the trained target at {teacher_dir}: train it first")
-        teacher = AutoModelForCausalLM.from_pretrained(teacher_dir).eval().requires_grad_(False)
-        if teacher.config.vocab_size != config.vocab_size:
-            raise TrainingError(f"the target at {teacher_dir} has another vocabulary ({teacher.config.vocab_size}) "
-                                f"than the tokenizer ({config.vocab_size}): retrain it")
+    config, model = _new_model(params, role, arch, tokenizer)
+    teacher = _teacher(params, role, config.vocab_size) if arch.distill and role != "target" else None
     tokens_per_step = tp.batch_size * tp.seq_len
     total_steps = max(1, arch.train_tokens // tokens_per_step)
     optimizer = torch.optim.AdamW(model.parameters(), lr=arch.lr, betas=(0.9, 0.95), weight_decay=tp.weight_decay)
@@ -176,56 +162,14 @@ def train_model(params: Params, role: str, progress: bool = True, stop_after: in
     scheduler = get_cosine_with_min_lr_schedule_with_warmup(
         optimizer, num_warmup_steps=max(1, int(tp.warmup_fraction * total_steps)), num_training_steps=total_steps,
         min_lr_rate=0.1)
-    step, losses, elapsed = 0, [], 0.0
     ckpt = ckpt_dir / "checkpoint.pt"
-    if ckpt.exists():
-        state = torch.load(ckpt, weights_only=False)
-        if state["total_steps"] == total_steps and state["config"] == config.to_dict():
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            scheduler.load_state_dict(state["scheduler"])
-            step, losses, elapsed = state["step"], state["losses"], state["elapsed"]
-            log.info("resuming %s from step %d of %d", role, step, total_steps)
-        else:
-            log.warning("ignoring a checkpoint of %s made with other parameters", role)
+    step, losses, elapsed = _resume(ckpt, role, model, optimizer, scheduler, total_steps, config)
     model.train()
     bar = tqdm(total=total_steps, initial=step, desc=f"train {role}", disable=not progress, unit="step")
     started = time.perf_counter() - elapsed
     while step < total_steps:
         batch = batch_at(stream, step, tp.batch_size, tp.seq_len, params.seed, role)
-        inputs, labels = batch[:, :-1], batch[:, 1:]
-        keep = list(range(arch.layers))
-        forward = model
-        sub = None
-        if arch.layer_drop > 0:
-            drawn = kept_layers(arch.layers, arch.layer_drop, step, params.seed, role, arch.layer_drop_shape)
-            view = SlimVerifier(model, RoutingMask.from_layers(drawn, arch.layers)).model
-            if arch.self_distill > 0:
-                sub = view  # the full model learns the labels, the sub-network the full model
-            else:
-                keep, forward = drawn, view
-        exit_at = exit_point(keep, step, params.seed, role, arch.early_exit_layer) if arch.early_exit > 0 else None
-        out = forward(input_ids=inputs, use_cache=False, output_hidden_states=exit_at is not None)
-        target_logp = None
-        if teacher is not None:
-            with torch.no_grad():
-                target_logits = teacher(input_ids=inputs, use_cache=False).logits.float()
-                target_logp = F.log_softmax(target_logits / tp.distill_temperature, -1)
-        loss = _loss(out.logits, labels, target_logp, tp.distill_temperature)
-        if exit_at is not None:
-            # hidden_states[j]: the residual stream after j kept layers ([B, T, hidden]); the last entry
-            # already carries the final norm, intermediate ones do not
-            hidden = out.hidden_states[exit_at]
-            exit_logits = model.get_output_embeddings()(model.get_decoder().norm(hidden))
-            if arch.early_exit_loss == "full":  # the exit learns the full model's distribution, KL(q_full || q_exit)
-                exit_loss = _loss(exit_logits, labels, F.log_softmax(out.logits.detach().float(), -1), 1.0)
-            else:
-                exit_loss = _loss(exit_logits, labels, target_logp, tp.distill_temperature)
-            loss = loss + arch.early_exit * exit_loss
-        if sub is not None:
-            # in-place distillation (slimmable networks): KL(q_full || q_sub), q_full held fixed
-            full_logp = F.log_softmax(out.logits.detach().float(), -1)
-            loss = loss + arch.self_distill * _loss(sub(input_ids=inputs, use_cache=False).logits, labels, full_logp, 1.0)
+        loss = step_loss(model, teacher, arch, tp, batch, step, params.seed, role)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), tp.grad_clip)
@@ -249,23 +193,111 @@ def train_model(params: Params, role: str, progress: bool = True, stop_after: in
     train_seconds = time.perf_counter() - started
     test_stream = load_token_stream(params.data.dir, "test")
     nll, ppl = perplexity(model, test_stream, tp.seq_len, tp.eval_tokens)
+    record = {"role": role, "family": params.family.name, "parameters": count_parameters(model),
+              **_training_record(arch, total_steps, tokens_per_step, train_seconds, losses, nll, ppl),
+              "distilled": teacher is not None, "seed": params.seed}
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        write_json(tmp / "training.json", {
-            "role": role, "family": params.family.name, "parameters": count_parameters(model),
-            "steps": total_steps, "tokens": total_steps * tokens_per_step, "train_seconds": round(train_seconds, 1),
-            "tokens_per_second": round(total_steps * tokens_per_step / max(train_seconds, 1e-9), 1),
+        write_json(tmp / "training.json", record)
+    shutil.rmtree(ckpt_dir, ignore_errors=True)
+    log.info("%s: test NLL %.3f (perplexity %.2f), %.0fs", role, nll, ppl, train_seconds)
+    return out_dir
+
+
+def _new_model(params: Params, role: str, arch: ModelArch, tokenizer):
+    """(config, model): a Llama-layout model of `arch`, its weights drawn from the seed."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(params.seed)
+    config = llama_config(arch, len(tokenizer), params.family.context, tokenizer.eos_token_id)
+    try:
+        return config, AutoModelForCausalLM.from_config(config)
+    except ValueError as err:
+        raise TrainingError(f"models.families.{params.family.name}.{role}: {err}") from None
+
+
+def _training_record(arch: ModelArch, steps: int, tokens_per_step: int, seconds: float, losses: list[float],
+                     nll: float, ppl: float) -> dict:
+    """training.json's figures of a finished run (after role, family and parameter count)."""
+    return {"steps": steps, "tokens": steps * tokens_per_step, "train_seconds": round(seconds, 1),
+            "tokens_per_second": round(steps * tokens_per_step / max(seconds, 1e-9), 1),
             "final_loss": float(np.mean(losses[-20:])), "loss_curve": losses[:: max(1, len(losses) // 200)],
             "test_nll": round(nll, 4), "test_perplexity": round(ppl, 3), "layer_drop": arch.layer_drop,
             "layer_drop_shape": arch.layer_drop_shape, "early_exit": arch.early_exit,
             "early_exit_layer": arch.early_exit_layer, "early_exit_loss": arch.early_exit_loss,
-            "self_distill": arch.self_distill,
-            "distilled": teacher is not None, "seed": params.seed,
-        })
-    shutil.rmtree(ckpt_dir, ignore_errors=True)
-    log.info("%s: test NLL %.3f (perplexity %.2f), %.0fs", role, nll, ppl, train_seconds)
-    return out_dir
+            "self_distill": arch.self_distill}
+
+
+def _teacher(params: Params, role: str, vocab_size: int):
+    """The trained target, frozen, that a distilled `role` learns from; one clear error if it is missing or
+    was trained on another vocabulary."""
+    from transformers import AutoModelForCausalLM
+
+    teacher_dir = params.model_dir("target")
+    if not (teacher_dir / "config.json").exists():
+        raise TrainingError(f"distilling the {role} needs the trained target at {teacher_dir}: train it first")
+    teacher = AutoModelForCausalLM.from_pretrained(teacher_dir).eval().requires_grad_(False)
+    if teacher.config.vocab_size != vocab_size:
+        raise TrainingError(f"the target at {teacher_dir} has another vocabulary ({teacher.config.vocab_size}) "
+                            f"than the tokenizer ({vocab_size}): retrain it")
+    return teacher
+
+
+def _resume(ckpt: Path, role: str, model, optimizer, scheduler, total_steps: int, config) -> tuple[int, list, float]:
+    """(step, losses, elapsed seconds) of a checkpoint made with the same parameters, its state loaded into
+    the model, optimizer and scheduler; (0, [], 0.0) without one."""
+    if not ckpt.exists():
+        return 0, [], 0.0
+    state = torch.load(ckpt, weights_only=False)
+    if state["total_steps"] != total_steps or state["config"] != config.to_dict():
+        log.warning("ignoring a checkpoint of %s made with other parameters", role)
+        return 0, [], 0.0
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    log.info("resuming %s from step %d of %d", role, state["step"], total_steps)
+    return state["step"], state["losses"], state["elapsed"]
+
+
+def step_loss(model, teacher, arch: ModelArch, tp: TrainParams, batch: torch.Tensor, step: int, seed: int,
+              role: str) -> torch.Tensor:
+    """One optimizer step's loss on `batch` `[B, T + 1]`: next-token cross-entropy (or distillation from
+    `teacher`), with the step's LayerDrop, early-exit and self-distillation terms."""
+    inputs, labels = batch[:, :-1], batch[:, 1:]
+    keep = list(range(arch.layers))
+    forward = model
+    sub = None
+    if arch.layer_drop > 0:
+        drawn = kept_layers(arch.layers, arch.layer_drop, step, seed, role, arch.layer_drop_shape)
+        view = SlimVerifier(model, RoutingMask.from_layers(drawn, arch.layers)).model
+        if arch.self_distill > 0:
+            sub = view  # the full model learns the labels, the sub-network the full model
+        else:
+            keep, forward = drawn, view
+    exit_at = exit_point(keep, step, seed, role, arch.early_exit_layer) if arch.early_exit > 0 else None
+    out = forward(input_ids=inputs, use_cache=False, output_hidden_states=exit_at is not None)
+    target_logp = None
+    if teacher is not None:
+        with torch.no_grad():
+            target_logits = teacher(input_ids=inputs, use_cache=False).logits.float()
+            target_logp = F.log_softmax(target_logits / tp.distill_temperature, -1)
+    loss = _loss(out.logits, labels, target_logp, tp.distill_temperature)
+    if exit_at is not None:
+        # hidden_states[j]: the residual stream after j kept layers ([B, T, hidden]); the last entry
+        # already carries the final norm, intermediate ones do not
+        hidden = out.hidden_states[exit_at]
+        exit_logits = model.get_output_embeddings()(model.get_decoder().norm(hidden))
+        if arch.early_exit_loss == "full":  # the exit learns the full model's distribution, KL(q_full || q_exit)
+            exit_loss = _loss(exit_logits, labels, F.log_softmax(out.logits.detach().float(), -1), 1.0)
+        else:
+            exit_loss = _loss(exit_logits, labels, target_logp, tp.distill_temperature)
+        loss = loss + arch.early_exit * exit_loss
+    if sub is not None:
+        # in-place distillation (slimmable networks): KL(q_full || q_sub), q_full held fixed
+        full_logp = F.log_softmax(out.logits.detach().float(), -1)
+        loss = loss + arch.self_distill * _loss(sub(input_ids=inputs, use_cache=False).logits, labels, full_logp, 1.0)
+    return loss
 
 
 def _loss(logits: torch.Tensor, labels: torch.Tensor, target_logp: torch.Tensor | None, t: float) -> torch.Tensor:
