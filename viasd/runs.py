@@ -24,6 +24,8 @@ from .decoding.policy import METHODS
 
 ROUTED = ("cascade_sd", "viasd")  # methods with a slim verifier
 VIASD_ONLY = ("no_tier2", "rules", "oracle")  # ablations of VIA-SD's tier decisions
+# ablations that put another slim verifier in the DIMR mask's place (see study/slims.py)
+SLIM_ABLATIONS = ("mask_random", "mask_truncate", "mask_every_other", "cost_path", "cost_target", "independent")
 _GAMMA = re.compile(r"gamma_([1-9][0-9]*)$")
 _PREFIX = re.compile(r"prefix_(0|[1-9][0-9]*)$")
 
@@ -75,8 +77,7 @@ def parse_run(text: str) -> RunSpec:
         if method == "ar":
             raise ValueError(f"{text!r}: ar has no draft block length")
         return spec
-    routed_only = ("mask_random", "mask_truncate", "mask_every_other", "cost_path", "cost_target", "independent")
-    if ablation in routed_only or spec.prefix is not None:
+    if ablation in SLIM_ABLATIONS or spec.prefix is not None:
         if method not in ROUTED:
             raise ValueError(f"{text!r}: {ablation} changes the slim verifier, which only "
                              f"{' and '.join(ROUTED)} have")
@@ -85,5 +86,5 @@ def parse_run(text: str) -> RunSpec:
         if method != "viasd":
             raise ValueError(f"{text!r}: {ablation} is a VIA-SD ablation")
         return spec
-    raise ValueError(f"{text!r}: unknown ablation {ablation!r}; ablations: {', '.join(routed_only)}, "
+    raise ValueError(f"{text!r}: unknown ablation {ablation!r}; ablations: {', '.join(SLIM_ABLATIONS)}, "
                      f"{', '.join(VIASD_ONLY)}, gamma_<n>, prefix_<n>")

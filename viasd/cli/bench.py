@@ -40,7 +40,7 @@ def add_bench(sub) -> None:
 
 
 def _bench(args) -> int:
-    from ..stages.bench_stage import run_bench_stage, run_sweep
+    from ..stages.bench_stage import bench_record, run_bench_stage, run_sweep
 
     params = load_params(args)
     for name, value in (("--prompts", args.prompts), ("--repeats", args.repeats)):
@@ -87,16 +87,6 @@ def _bench(args) -> int:
     for tie in result["numerical_ties"]:
         print(f"numerical tie: {tie['method']} parts from {tie['reference']} on prompt {tie['prompt']} at position "
               f"{tie['position']} (logit gap {tie['logit_gap']:.3g}, rounding noise {tie['noise']:.3g})")
-    paths = result["files"]
-    track(args, params, "bench", f"bench/{pair.name}/{args.task}",
-           {k: result[k] for k in ("prompts", "max_new_tokens", "gamma", "repeats", "device", "dtype", "cache", "compile",
-                                    "reuse")},
-           {f"ratio.{k}": v for k, v in result["ratios"].items()}
-           | {f"tokens_per_second.{k}": v["tokens_per_second"]["median"] for k, v in result["methods"].items()}
-           | {f"efficiency.{k}": v["efficiency"] for k, v in result["efficiency"].items()}
-           | {f"fidelity.{k}": v["quality"]["fidelity"] for k, v in result["methods"].items()}
-           | {f"task_drop.{k}": v["quality"].get("task_drop") for k, v in result["methods"].items()}
-           | {"numerical_ties": len(result["numerical_ties"])},
-           {"task": args.task}, [paths["json"], paths["md"]])
-    print(paths["json"])
+    track(args, params, bench_record(result))
+    print(result["files"]["json"])
     return 0

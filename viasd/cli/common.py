@@ -21,10 +21,9 @@ def experiment(params) -> str:
 
 
 
-def track(args, params, stage: str, run_name: str, run_params: dict, metrics: dict, tags: dict | None = None,
-           artifacts=(), series=None, inputs: dict | None = None, children: list[dict] | None = None) -> None:
-    """Complete the stage's MLflow run, opened when the stage started (`open_stage_run`), with what the
-    stage wrote (after its files are written; a failure only warns). A stage that found its outputs up
+def track(args, params, record) -> None:
+    """Complete the stage's MLflow run, opened when the stage started (`open_stage_run`), with the stage's
+    `StageRecord` (after its files are written; a failure only warns). A stage that found its outputs up
     to date records nothing: its open run is discarded."""
     if args.no_track:
         return
@@ -33,15 +32,16 @@ def track(args, params, stage: str, run_name: str, run_params: dict, metrics: di
     root = args.params.resolve().parent
     run_id, args.run_id = getattr(args, "run_id", None), None  # completed (or discarded) here, once
 
-    if metrics.get("up_to_date"):
+    if record.up_to_date:
         if run_id:
             discard_run(root, run_id)
         return
-    tags = {"stage": stage, "pair": params.pair(getattr(args, "pair", None)).name, **(tags or {})}
-    tags.update(input_hashes(inputs or {}))
-    run_id = record_run(root, experiment(params), run_name, run_params, metrics, tags, artifacts, series, run_id=run_id)
-    if run_id and children:  # e.g. a search's Optuna trials, as nested runs
-        record_children(root, experiment(params), run_id, children)
+    tags = {"stage": record.stage, "pair": params.pair(getattr(args, "pair", None)).name, **record.tags}
+    tags.update(input_hashes(record.inputs))
+    run_id = record_run(root, experiment(params), record.name, record.params, record.metrics, tags, record.artifacts,
+                        record.series, run_id=run_id)
+    if run_id and record.children:  # e.g. a search's Optuna trials, as nested runs
+        record_children(root, experiment(params), run_id, record.children)
 
 
 def open_stage_run(args) -> None:
@@ -135,11 +135,6 @@ def add_grid_cells(p) -> None:
 
 
 
-def scalars(data: dict) -> dict:
-    return {k: v for k, v in data.items() if not isinstance(v, (dict, list, str))}
-
-
-
 def grid_cells(args):
     """Parameters, pair and run specs of a `--pair/--task/--run ...` command (no --run: `study.runs`)."""
     from ..runs import parse_run
@@ -154,24 +149,3 @@ def grid_cells(args):
     if args.task not in params.tasks:
         raise ViasdError(f"--task {args.task!r} is not a task of params.yaml (tasks: {', '.join(params.tasks)})")
     return params, params.pair(args.pair), list(dict.fromkeys(specs))
-
-
-
-def cell_tags(pair, task: str, spec) -> dict:
-    return {"pair": pair.name, "task": task, "method": spec.method, "ablation": spec.ablation or "none",
-            "run": spec.name}
-
-
-
-def input_files(params, pair, task: str | None = None, run: str | None = None) -> dict:
-    """A stage's inputs, for the `dvc_md5.*` tags of its MLflow run."""
-    from ..study.cells import run_inputs
-
-    files = {"data.manifest": params.data.dir / "manifest.json"}
-    if pair.trained:
-        files.update({f"model.{r}": params.model_dir(r) for r in ("target", "draft")})
-    if run is not None:
-        files.update(run_inputs(params, pair.name, task, run))
-        if "thresholds" in files:  # DVC tracks (and hashes) the pair x task's thresholds as one directory
-            files["thresholds"] = files["thresholds"].parent
-    return files

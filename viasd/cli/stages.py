@@ -11,13 +11,10 @@ from pathlib import Path
 from .common import (
     add_grid_cells,
     add_pair,
-    cell_tags,
     experiment,
     grid_cells,
-    input_files,
     live_metric,
     load_params,
-    scalars,
     stage_parser,
     track,
 )
@@ -34,6 +31,7 @@ def add_prepare_data(sub) -> None:
 def _prepare_data(args) -> int:
     from ..data.prepare import prepare_corpus, prepare_tasks
     from ..errors import ViasdError
+    from ..study.record import StageRecord
 
     if (args.task or args.split) and args.only != "tasks":
         raise ViasdError("--task and --split select prompts: use them with --only tasks")
@@ -42,15 +40,17 @@ def _prepare_data(args) -> int:
     if args.only in (None, "corpus"):
         prepare_corpus(params)
         manifest = json.loads((out / "manifest.json").read_text())
-        track(args, params, "prepare_data", "prepare_corpus", {"data": params.section("data")},
-              {f"tokens_{k}": v for k, v in manifest["tokens"].items()} | {"vocab_size": manifest["vocab_size"]},
-              {"python_version": manifest["python_version"], "pair": "-"}, [out / "manifest.json"])
+        track(args, params, StageRecord(
+            "prepare_data", "prepare_corpus", {"data": params.section("data")},
+            {f"tokens_{k}": v for k, v in manifest["tokens"].items()} | {"vocab_size": manifest["vocab_size"]},
+            {"python_version": manifest["python_version"], "pair": "-"}, [out / "manifest.json"]))
     if args.only in (None, "tasks"):
         splits = (args.split,) if args.split else ("dev", "test")
         written = prepare_tasks(params, args.task, splits)
         name = "prepare_tasks" + (f"/{'+'.join(args.task)}" if args.task else "") + (f"/{args.split}" if args.split else "")
-        track(args, params, "prepare_data", name, {"tasks": {t: params.tasks[t] for t in args.task or params.tasks}},
-              {"examples": sum(len(p.read_text().splitlines()) for p in written)}, {"pair": "-"}, written)
+        track(args, params, StageRecord(
+            "prepare_data", name, {"tasks": {t: params.tasks[t] for t in args.task or params.tasks}},
+            {"examples": sum(len(p.read_text().splitlines()) for p in written)}, {"pair": "-"}, written))
     print(out)
     return 0
 
@@ -65,19 +65,21 @@ def add_train_model(sub) -> None:
 
 
 def _train_model(args) -> int:
+    from ..study.record import StageRecord
     from ..training.train import read_training_report, train_model
 
     params = load_params(args)
     live = live_metric(args, "train_loss", every=10)  # the loss while training runs, in the stage's open run
     out = train_model(params, args.role, on_step=live)
     report = read_training_report(out)
-    track(args, params, "train_model", f"train_model/{args.role}",
-           {"arch": vars(params.family.arch(args.role)), "train": vars(params.train), "seed": params.seed},
-           {k: report[k] for k in ("parameters", "steps", "train_seconds", "tokens_per_second", "test_nll",
-                                   "test_perplexity", "final_loss")},
-           {"role": args.role, "pair": params.family.name}, [out / "training.json"],
-           None if live else {"train_loss": report["loss_curve"]},
-           inputs={"data.manifest": params.data.dir / "manifest.json"})
+    track(args, params, StageRecord(
+        "train_model", f"train_model/{args.role}",
+        {"arch": vars(params.family.arch(args.role)), "train": vars(params.train), "seed": params.seed},
+        {k: report[k] for k in ("parameters", "steps", "train_seconds", "tokens_per_second", "test_nll",
+                                "test_perplexity", "final_loss")},
+        {"role": args.role, "pair": params.family.name}, [out / "training.json"],
+        None if live else {"train_loss": report["loss_curve"]},
+        inputs={"data.manifest": params.data.dir / "manifest.json"}))
     print(json.dumps({k: report[k] for k in ("role", "parameters", "steps", "train_seconds", "test_nll",
                                              "test_perplexity")}))
     return 0
@@ -105,24 +107,10 @@ def _dimr_search(args) -> int:
 
 def _dimr_search_one(args, params, pair, **overrides) -> None:
     from ..stages.dimr_stage import run_dimr_stage
-    from ..study.paths import mask_paths
 
-    out = run_dimr_stage(params, pair=pair, **overrides)
-    paths = mask_paths(params, pair.name, out["cost_fn"], out["config"].get("keep_prefix", 0))
-    trace = [json.loads(line) for line in paths["trace"].read_text().splitlines()]
-    prefix = out["config"].get("keep_prefix", 0)
-    track(args, params, "dimr_search", f"dimr_search/{pair.name}/{out['cost_fn']}" + (f"-prefix{prefix}" if prefix else ""),
-          out["config"],
-          {"up_to_date": out.get("up_to_date", False)}
-          | {k: out[k] for k in ("cost", "best_random_cost", "trials", "search_seconds", "reference_seconds",
-                                 "forward_passes", "budget_layers")},
-          {"keep_layers": ",".join(map(str, out["keep_layers"])), "cost_fn": out["cost_fn"]},
-          [p for k, p in paths.items() if k != "storage"],
-          {"trial_cost": [t["cost"] for t in sorted(trace, key=lambda t: t["number"])]},
-          inputs=input_files(params, pair) | {"data.calibration": params.data.dir / "calibration.parquet"},
-          children=[{"name": f"trial {t['number']}", "params": {"keep_layers": ",".join(map(str, t["keep_layers"])),
-                                                                "phase": t.get("phase")},
-                     "metrics": {"cost": t["cost"], "seconds": t.get("seconds")}} for t in trace])
+    records = []
+    out = run_dimr_stage(params, pair=pair, records=records, **overrides)
+    track(args, params, records[0])
     print(json.dumps({k: out[k] for k in ("cost_fn", "keep_layers", "cost", "best_random_cost", "trials",
                                           "search_seconds")}))
 
@@ -135,24 +123,19 @@ def add_train_router(sub) -> None:
 
 
 def _train_router(args) -> int:
-    from ..stages.router_stage import run_router_stage
-    from ..study.paths import mask_paths
+    from ..stages.router_stage import router_record, run_router_stage
 
     params = load_params(args)
     pair = params.pair(args.pair)
     out = run_router_stage(params, pair.name)
-    track(args, params, "train_router", f"train_router/{pair.name}", out["config"], out["metrics"], {},
-          out["artifacts"],
-          inputs=input_files(params, pair) | {"mask": mask_paths(params, pair.name)["mask"],
-                                              "data.calibration": params.data.dir / "calibration.parquet"})
+    track(args, params, router_record(params, out))
     print(json.dumps({"pair": pair.name, **{k: out["metrics"][k] for k in ("rows", "draft_auc", "draft_ece",
                                                                            "slim_auc", "slim_ece")}}))
     return 0
 
 
 def _slim_name(text: str) -> str:
-    from ..runs import parse_run
-    from ..study.slims import SLIM_ABLATIONS
+    from ..runs import SLIM_ABLATIONS, parse_run
 
     try:
         if text in ("main", "rules") or text in SLIM_ABLATIONS or parse_run(f"viasd-{text}").prefix is not None:
@@ -163,7 +146,7 @@ def _slim_name(text: str) -> str:
 
 
 def add_tune_thresholds(sub) -> None:
-    from ..study.slims import SLIM_ABLATIONS
+    from ..runs import SLIM_ABLATIONS
 
     p = stage_parser(sub, "tune-thresholds", "tune VIA-SD's tau_accept, tau_slim, gamma and rules on a dev split",
                       _tune_thresholds)
@@ -176,43 +159,16 @@ def add_tune_thresholds(sub) -> None:
 
 
 def _tune_thresholds(args) -> int:
+    from ..decoding.policy import TUNED_FIELDS
     from ..stages.thresholds_stage import run_thresholds_stage
-    from ..study.paths import threshold_paths
-    from ..study.slims import mask_file, slim_spec
-    from ..tasks.base import examples_path
 
     params = load_params(args)
     pair = params.pair(args.pair)
-    results = run_thresholds_stage(params, args.task, pair=pair, slims=args.slim)
-    for slim, out in results.items():
-        paths = threshold_paths(params, out["task"], pair.name, slim)
-        trace = sorted((t for t in map(json.loads, paths["trace"].read_text().splitlines()) if not t["tiers_off"]),
-                       key=lambda t: t["number"])  # the Optuna trials (the tiers-off points have no number)
-        mask = mask_file(params, pair.name, slim_spec(slim))
-        slim_input = {"mask": mask} if mask is not None else {}
-        if slim == "independent" and pair.trained:
-            slim_input = {"model.independent": params.model_dir("independent")}
-        track(args, params, "tune_thresholds", f"tune_thresholds/{pair.name}/{out['task']}/{slim}",
-              {k: out[k] for k in ("gamma", "tau_accept", "tau_slim", "score", "confidence", "gate", "max_lag",
-                                   "verify_lagged", "tiers_off", "quality_constraints")}
-              | {"search": out["signature"]["config"], "slim_layers": out["mask"]},
-              {**{k: v for k, v in out["dev"].items() if not isinstance(v, list)}, "cost_vs_sd": out["cost_vs_sd"],
-               "trials": out["trials"],
-               "up_to_date": out.get("up_to_date", False)}, {"task": out["task"], "slim": slim},
-              [paths["json"], paths["plot"]],
-              {"trial_cost_per_token": [t["cost_per_token"] for t in trace],
-               "trial_fidelity": [t["fidelity"] for t in trace],
-               "trial_task_drop": [t["task_drop"] for t in trace if t.get("task_drop") is not None]},
-              inputs=input_files(params, pair, out["task"]) | slim_input
-              | {"data.dev": examples_path(params.data.dir, out["task"], "dev")},
-              children=[{"name": f"trial {t['number']}",
-                         "params": {k: t.get(k) for k in ("gamma", "score", "tau_accept", "confidence", "tau_slim",
-                                                          "gate", "max_lag", "verify_lagged")},
-                         "metrics": {**{k: t.get(k) for k in ("cost_per_token", "fidelity", "task_drop", "agreement",
-                                                              "rejection_rate")},
-                                     "feasible": float(bool(t.get("feasible")))}} for t in trace])
-        print(json.dumps({"slim": slim} | {k: out[k] for k in ("gamma", "tau_accept", "tau_slim", "score",
-                                                                "confidence", "dev", "cost_vs_sd")}))
+    records = []
+    results = run_thresholds_stage(params, args.task, pair=pair, slims=args.slim, records=records)
+    for (slim, out), record in zip(results.items(), records):
+        track(args, params, record)
+        print(json.dumps({"slim": slim} | {k: out[k] for k in (*TUNED_FIELDS, "dev", "cost_vs_sd")}))
     return 0
 
 
@@ -226,18 +182,12 @@ def add_decode(sub) -> None:
 
 
 def _decode(args) -> int:
-    from ..stages.decode_stage import run_decode_stage
-    from ..study.paths import decode_paths
+    from ..stages.decode_stage import decode_record, run_decode_stage
 
     params, pair, specs = grid_cells(args)
     summaries = run_decode_stage(params, pair.name, args.task, [s.name for s in specs], args.limit)
     for spec, summary in zip(specs, summaries):  # one MLflow run per grid cell
-        paths = decode_paths(params, pair.name, args.task, spec.name)
-        track(args, params, "decode", f"decode/{pair.name}/{args.task}/{spec.name}",
-              {"policy": summary["policy"], "split": summary["split"], "examples": summary["examples"],
-               "slim": summary["slim"]},
-              scalars(summary) | {f"passes.{k}": v for k, v in summary["passes"].items()},
-              cell_tags(pair, args.task, spec), [paths["summary"]], inputs=input_files(params, pair, args.task, spec.name))
+        track(args, params, decode_record(params, pair.name, args.task, spec, summary))
         print(json.dumps({k: summary[k] for k in ("pair", "task", "run", "examples", "new_tokens", "rejection_rate",
                                                   "acceptance_rate", "mean_accepted_length", "speedup_vs_ar")}))
     return 0
@@ -252,19 +202,12 @@ def add_evaluate(sub) -> None:
 
 
 def _evaluate(args) -> int:
-    from ..stages.evaluate_stage import run_evaluate_stage
-    from ..study.paths import eval_path
+    from ..stages.evaluate_stage import evaluate_record, run_evaluate_stage
 
     params, pair, specs = grid_cells(args)
     outs = run_evaluate_stage(params, pair.name, args.task, [s.name for s in specs])
     for spec, out in zip(specs, outs):  # one MLflow run per grid cell
-        track(args, params, "evaluate", f"evaluate/{pair.name}/{args.task}/{spec.name}",
-              {"policy": out["policy"], "split": out["split"], "examples": out["examples"]},
-              scalars(out) | {f"quality.{k}": v for k, v in out["quality"].items()}
-              | {f"passes.{k}": v for k, v in out["passes"].items()}
-              | {f"accepted_by_tier.{k}": out[k] for k in ("accepted_direct", "accepted_slim", "accepted_full",
-                                                           "regenerated_slim", "rejected_full")},
-              cell_tags(pair, args.task, spec), [eval_path(params, pair.name, args.task, spec.name)])
+        track(args, params, evaluate_record(params, pair.name, args.task, spec, out))
         print(json.dumps({"run": spec.name, "quality": out["quality"], "speedup_vs_ar": out["speedup_vs_ar"]}))
     return 0
 
@@ -276,15 +219,13 @@ def add_report(sub) -> None:
 
 
 def _report(args) -> int:
-    from ..stages.report_stage import run_report_stage
+    from ..stages.report_stage import report_record, run_report_stage
     from ..study.paths import report_paths
 
     params = load_params(args)
     out = run_report_stage(params)
-    paths = report_paths(params)
-    track(args, params, "report", "report", {"study": params.study.as_dict()}, {"tables": out["tables"], "runs": out["runs"]},
-           {}, list(paths.values()))
-    print(paths["summary"])
+    track(args, params, report_record(params, out))
+    print(report_paths(params)["summary"])
     return 0
 
 

@@ -14,6 +14,9 @@ SPEC_CASCADE_RULES = ("chow", "diff", "opt", "token_v1", "token_v2", "token_v3")
 ROUTERS = ("rules", "learned", "oracle")  # how viasd decides its tiers (decoding/router.py)
 CACHE_KINDS = ("inplace", "dynamic", "static")  # KV cache of each runner (viasd.kv_cache)
 DEFAULT_CACHE = "inplace"
+# the fields of a viasd policy that the threshold search sets (a thresholds file holds them)
+TUNED_FIELDS = ("gamma", "tau_accept", "tau_slim", "score", "confidence", "gate", "max_lag", "verify_lagged", "router",
+                "verify_block")
 
 
 def _as_levels(value, n: int, name: str) -> tuple[float, ...]:

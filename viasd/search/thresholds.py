@@ -22,7 +22,7 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 
-from ..decoding.policy import DecodePolicy
+from ..decoding.policy import TUNED_FIELDS, DecodePolicy
 from ..decoding.stats import DecodeStats
 from ..errors import ViasdError
 from ..metrics.model_metrics import agreement, pooled, score_outputs
@@ -243,8 +243,7 @@ def _suggest_gate(trial, cfg: ThresholdConfig) -> float:
     return trial.suggest_float("gate", *cfg.gate)
 
 
-POLICY_KEYS = ("gamma", "tau_accept", "tau_slim", "score", "confidence", "gate", "max_lag", "verify_lagged", "router",
-               "verify_block")
+POLICY_KEYS = TUNED_FIELDS
 
 
 def _point(policy: DecodePolicy, measured: dict, cfg: ThresholdConfig, **extra) -> dict:

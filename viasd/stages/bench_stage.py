@@ -6,7 +6,6 @@ Outputs: reports/bench/<pair>-<task>.json (+ .md), and per sweep <pair>-<task>-s
 
 from __future__ import annotations
 
-import json
 import logging
 
 from ..benchmark import (
@@ -18,8 +17,9 @@ from ..benchmark import (
 )
 from ..config import Params
 from ..io import write_json, write_text
-from ..study.cells import TUNED_KEYS, engine_options
+from ..study.cells import engine_options, tuned_settings
 from ..study.paths import bench_paths, mask_paths, router_paths, threshold_paths
+from ..study.record import StageRecord
 
 log = logging.getLogger(__name__)
 SWEEPS = ("gamma", "length", "prompt", "position", "frontier")
@@ -87,14 +87,8 @@ def task_references(params: Params, task: str, n: int, max_new: int) -> tuple[li
 
 
 def viasd_settings(params: Params, pair: str, task: str, slim: str = "main") -> dict:
-    """The tuned VIA-SD thresholds of the pair and task (`slim`: `main`, or `rules` for the hand rules tuned
-    alone) when they exist, else the policy defaults."""
-    path = threshold_paths(params, task, pair, slim)["json"]
-    if not path.exists():
-        log.warning("no tuned thresholds at %s; viasd runs with default thresholds", path)
-        return {}
-    tuned = json.loads(path.read_text())
-    return {k: tuned[k] for k in TUNED_KEYS if k in tuned}
+    """The tuned VIA-SD thresholds of the pair and task when they exist, else the policy defaults."""
+    return tuned_settings(params, pair, task, slim, required=False)
 
 
 def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: list[str], prompts: int,
@@ -122,6 +116,22 @@ def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: l
                                               f"tokens, gamma {gamma}, {result['device']}, {result['dtype']}"))
     write_json(paths["json"], result)
     return {**result, "files": paths}
+
+
+def bench_record(result: dict) -> StageRecord:
+    """A benchmark as an MLflow run: its settings, every ratio, speed, efficiency and quality measure."""
+    methods = result["methods"]
+    return StageRecord(
+        "bench", f"bench/{result['pair']}/{result['task']}",
+        {k: result[k] for k in ("prompts", "max_new_tokens", "gamma", "repeats", "device", "dtype", "cache", "compile",
+                                "reuse")},
+        {f"ratio.{k}": v for k, v in result["ratios"].items()}
+        | {f"tokens_per_second.{k}": v["tokens_per_second"]["median"] for k, v in methods.items()}
+        | {f"efficiency.{k}": v["efficiency"] for k, v in result["efficiency"].items()}
+        | {f"fidelity.{k}": v["quality"]["fidelity"] for k, v in methods.items()}
+        | {f"task_drop.{k}": v["quality"].get("task_drop") for k, v in methods.items()}
+        | {"numerical_ties": len(result["numerical_ties"])},
+        {"task": result["task"]}, [result["files"]["json"], result["files"]["md"]])
 
 
 def run_sweep(params: Params, pair_name: str | None, task: str, kind: str, values: list[int], prompts: int,

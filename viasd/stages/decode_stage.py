@@ -21,6 +21,7 @@ from ..errors import StudyInputError
 from ..runs import RunSpec, parse_run
 from ..study.cells import load_pair_router, run_inputs, run_policy
 from ..study.paths import decode_paths
+from ..study.record import StageRecord, cell_tags, input_files, scalars
 from ..study.slims import slim_description
 
 
@@ -101,3 +102,13 @@ def _write_run(params: Params, pair: str, task: str, spec: RunSpec, split: str, 
     write_jsonl(paths["rows"], rows)
     write_json(paths["summary"], summary)  # last: the summary marks a finished decode
     return summary
+
+
+def decode_record(params: Params, pair_name: str, task: str, spec: RunSpec, summary: dict) -> StageRecord:
+    """One grid cell's decode as an MLflow run: its policy, the summed statistics, the summary file."""
+    pair = params.pair(pair_name)
+    return StageRecord(
+        "decode", f"decode/{pair.name}/{task}/{spec.name}",
+        {"policy": summary["policy"], "split": summary["split"], "examples": summary["examples"], "slim": summary["slim"]},
+        scalars(summary) | {f"passes.{k}": v for k, v in summary["passes"].items()}, cell_tags(pair, task, spec),
+        [decode_paths(params, pair.name, task, spec.name)["summary"]], inputs=input_files(params, pair, task, spec.name))

@@ -27,6 +27,7 @@ from ..search.dimr import DimrConfig, MaskCost, baseline_mask, dimr_search, resu
 from ..search.plots import layer_keep_frequency, search_curve
 from ..search.storage import optuna_storage, study_name
 from ..study.paths import main_cost, main_prefix, mask_paths
+from ..study.record import StageRecord, input_files
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,10 @@ def grid_costs(params: Params) -> list[str]:
     return costs
 
 
-def run_dimr_stage(params: Params, progress: bool = True, pair: Pair | None = None, **overrides) -> dict:
-    """Search (or continue, or skip when already done with these parameters); returns the mask JSON."""
+def run_dimr_stage(params: Params, progress: bool = True, pair: Pair | None = None, records: list | None = None,
+                   **overrides) -> dict:
+    """Search (or continue, or skip when already done with these parameters); returns the mask JSON.
+    `records`: the search's `StageRecord` is appended to it (for the tracking boundary)."""
     from ..models import load_models
 
     pair = pair or params.pair()
@@ -74,6 +77,8 @@ def run_dimr_stage(params: Params, progress: bool = True, pair: Pair | None = No
         previous = json.loads(paths["mask"].read_text())
         if previous.get("config") == asdict(cfg) and all(paths[b].exists() for b in baselines):
             log.info("DIMR mask %s is up to date; nothing to do", paths["mask"])
+            if records is not None:
+                records.append(dimr_record(params, pair, {**previous, "up_to_date": True}, []))
             return {**previous, "up_to_date": True}
     calibration = load_calibration(params.data.dir / "calibration.parquet")
     models = load_models(pair.target, draft=pair.draft, device=params.device, dtype=pair.dtype,
@@ -104,7 +109,28 @@ def run_dimr_stage(params: Params, progress: bool = True, pair: Pair | None = No
     search_curve(storage, search_name, cfg.n_random, paths["curve"], title)
     layer_keep_frequency(result.trials, result.num_layers, paths["layers"], title)
     write_json(paths["mask"], out)  # last: its presence marks a finished search
+    if records is not None:
+        records.append(dimr_record(params, pair, out, result.trials))
     return out
+
+
+def dimr_record(params: Params, pair: Pair, out: dict, trials: list[dict]) -> StageRecord:
+    """The search's MLflow run: its settings, the mask's cost and search cost, each trial as a child run."""
+    prefix = out["config"].get("keep_prefix", 0)
+    paths = mask_paths(params, pair.name, out["cost_fn"], prefix)
+    trials = sorted(trials, key=lambda t: t["number"])
+    return StageRecord(
+        "dimr_search", f"dimr_search/{pair.name}/{out['cost_fn']}" + (f"-prefix{prefix}" if prefix else ""),
+        out["config"],
+        {k: out[k] for k in ("cost", "best_random_cost", "trials", "search_seconds", "reference_seconds",
+                             "forward_passes", "budget_layers")} | {"up_to_date": out.get("up_to_date", False)},
+        {"keep_layers": ",".join(map(str, out["keep_layers"])), "cost_fn": out["cost_fn"]},
+        [p for k, p in paths.items() if k != "storage"], {"trial_cost": [t["cost"] for t in trials]},
+        inputs=input_files(params, pair) | {"data.calibration": params.data.dir / "calibration.parquet"},
+        children=[{"name": f"trial {t['number']}", "params": {"keep_layers": ",".join(map(str, t["keep_layers"])),
+                                                              "phase": t.get("phase")},
+                   "metrics": {"cost": t["cost"], "seconds": t.get("seconds")}} for t in trials],
+        up_to_date=out.get("up_to_date", False))
 
 
 def family_agreement(params: Params, pair: Pair, models, masks: dict) -> dict:

@@ -16,7 +16,9 @@ from collections.abc import Sequence
 
 from ..config import Params
 from ..errors import StudyInputError
+from ..runs import RunSpec
 from ..study.paths import decode_paths, eval_path
+from ..study.record import StageRecord, cell_tags, scalars
 
 
 def run_evaluate_stage(params: Params, pair_name: str, task: str, runs: Sequence[str] | None = None) -> list[dict]:
@@ -74,3 +76,16 @@ def _evaluate_run(params: Params, pair_name: str, task: str, run: str, summary: 
     out = {**summary, "quality": quality, "task_metric": metric}
     write_json(eval_path(params, pair_name, task, run), out)
     return out
+
+
+def evaluate_record(params: Params, pair_name: str, task: str, spec: RunSpec, out: dict) -> StageRecord:
+    """One grid cell's evaluation as an MLflow run: the quality measures beside the decode's statistics."""
+    pair = params.pair(pair_name)
+    return StageRecord(
+        "evaluate", f"evaluate/{pair.name}/{task}/{spec.name}",
+        {"policy": out["policy"], "split": out["split"], "examples": out["examples"]},
+        scalars(out) | {f"quality.{k}": v for k, v in out["quality"].items()}
+        | {f"passes.{k}": v for k, v in out["passes"].items()}
+        | {f"accepted_by_tier.{k}": out[k] for k in ("accepted_direct", "accepted_slim", "accepted_full",
+                                                     "regenerated_slim", "rejected_full")},
+        cell_tags(pair, task, spec), [eval_path(params, pair.name, task, spec.name)])

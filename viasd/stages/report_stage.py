@@ -32,6 +32,7 @@ from ..io import write_json, write_text
 from ..report_plots import frontier, tier_breakdown
 from ..runs import parse_run
 from ..study.paths import eval_path, mask_paths, report_paths, router_paths, threshold_paths
+from ..study.record import StageRecord
 from ..study.slims import slims_to_tune
 
 COLUMNS = (("run", "run"), ("method", "method"), ("ablation", "ablation"), ("rejection_rate", "rejection rate"),
@@ -400,3 +401,9 @@ def run_report_stage(params: Params) -> dict:
     write_json(paths["metrics"], headline)
     write_text(paths["summary"], "\n".join(summary))
     return {"tables": len(by_cell), "runs": sum(len(v) for v in by_cell.values()), "headline": headline}
+
+
+def report_record(params: Params, out: dict) -> StageRecord:
+    """The report as an MLflow run: the study's grid, how many tables and runs, every file written."""
+    return StageRecord("report", "report", {"study": params.study.as_dict()}, {"tables": out["tables"], "runs": out["runs"]},
+                       {}, list(report_paths(params).values()))

@@ -24,6 +24,7 @@ from ..decoding.stats import DecodeStats
 from ..search.calibration import load_calibration
 from ..study.cells import engine_options
 from ..study.paths import mask_paths, router_paths
+from ..study.record import StageRecord, input_files
 from ..study.slims import read_json
 from ..training.router import fit_router, save_router
 
@@ -101,3 +102,11 @@ def run_router_stage(params: Params, pair_name: str | None = None, progress: boo
                "decision_seconds_per_block": router.info["decision_seconds_per_block"]}
     return {"pair": pair.name, "config": {**cfg, "probe_layers": probe}, "metrics": metrics,
             "artifacts": [paths["router"], paths["plot"]]}
+
+
+def router_record(params: Params, out: dict) -> StageRecord:
+    """The router's MLflow run: its settings, held-out AUC and ECE, the router file and reliability plot."""
+    pair = params.pair(out["pair"])
+    return StageRecord("train_router", f"train_router/{pair.name}", out["config"], out["metrics"], {}, out["artifacts"],
+                       inputs=input_files(params, pair) | {"mask": mask_paths(params, pair.name)["mask"],
+                                                           "data.calibration": params.data.dir / "calibration.parquet"})

@@ -32,8 +32,10 @@ from ..search.storage import optuna_storage, study_name
 from ..search.thresholds import POLICY_KEYS, DevSet, ThresholdConfig, oracle_points, tune_thresholds
 from ..study.cells import engine_options
 from ..study.paths import router_paths, threshold_paths
+from ..study.record import StageRecord, input_files
 from ..study.slims import load_run_models, mask_file, slim_description, slim_spec, slims_to_tune
 from ..tasks import get_task, load_examples
+from ..tasks.base import examples_path
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,8 @@ def _json_value(value):
 
 
 def run_thresholds_stage(params: Params, task: str | None = None, progress: bool = True,
-                         pair: Pair | None = None, slims: list[str] | None = None) -> dict[str, dict]:
+                         pair: Pair | None = None, slims: list[str] | None = None,
+                         records: list | None = None) -> dict[str, dict]:
     """Tune the thresholds of each slim (default: `slims_to_tune`); returns {slim: result}.
 
     The per-pass costs of the cost model are measured once per runner layout, in the `main` (DIMR mask)
@@ -71,7 +74,8 @@ def run_thresholds_stage(params: Params, task: str | None = None, progress: bool
     `n_trials`: the hand rules on the DIMR slim, searched alone. The `main` search then searches who
     decides by `thresholds.routers` (by default the learned router alone: a categorical choice between
     conditional spaces leaves each too few trials) and picks the cheapest feasible policy among its own
-    trials, the rules' trials and SD, so the tuned `viasd` is the best of both."""
+    trials, the rules' trials and SD, so the tuned `viasd` is the best of both. `records`: each search's
+    `StageRecord` is appended to it (for the tracking boundary)."""
     pair = pair or params.pair()
     task = task or params.thresholds.task
     slims = slims or slims_to_tune(params)
@@ -92,7 +96,39 @@ def run_thresholds_stage(params: Params, task: str | None = None, progress: bool
             results[slim] = same_mask_as_main(params, pair.name, task, slim, results["main"])
         else:
             results[slim] = tune_slim(params, pair, task, slim, progress, shared, common=common, warm_start=warm)
+    if records is not None:
+        trials = common.get("trials", {})
+        records.extend(threshold_record(params, pair, slim, out, trials.get(out.get("same_mask_as", slim), []))
+                       for slim, out in results.items())
     return results
+
+
+def threshold_record(params: Params, pair: Pair, slim: str, out: dict, trials: list[dict]) -> StageRecord:
+    """One slim's search as an MLflow run: the chosen policy and its dev figures, each Optuna trial a child
+    run (`trials`: the search's points; its tiers-off points and other searches' candidates are left out)."""
+    trials = sorted((t for t in trials if not t["tiers_off"] and t.get("search") is None), key=lambda t: t["number"])
+    paths = threshold_paths(params, out["task"], pair.name, slim)
+    mask = mask_file(params, pair.name, slim_spec(slim))
+    slim_input = {"mask": mask} if mask is not None else {}
+    if slim == "independent" and pair.trained:
+        slim_input = {"model.independent": params.model_dir("independent")}
+    return StageRecord(
+        "tune_thresholds", f"tune_thresholds/{pair.name}/{out['task']}/{slim}",
+        {k: out[k] for k in (*POLICY_KEYS, "tiers_off", "quality_constraints")}
+        | {"search": out["signature"]["config"], "slim_layers": out["mask"]},
+        {**{k: v for k, v in out["dev"].items() if not isinstance(v, list)}, "cost_vs_sd": out["cost_vs_sd"],
+         "trials": out["trials"], "up_to_date": out.get("up_to_date", False)},
+        {"task": out["task"], "slim": slim}, [paths["json"], paths["plot"]],
+        {"trial_cost_per_token": [t["cost_per_token"] for t in trials],
+         "trial_fidelity": [t["fidelity"] for t in trials],
+         "trial_task_drop": [t["task_drop"] for t in trials if t.get("task_drop") is not None]},
+        inputs=input_files(params, pair, out["task"]) | slim_input
+        | {"data.dev": examples_path(params.data.dir, out["task"], "dev")},
+        children=[{"name": f"trial {t['number']}", "params": {k: _json_value(t.get(k)) for k in POLICY_KEYS},
+                   "metrics": {**{k: t.get(k) for k in ("cost_per_token", "fidelity", "task_drop", "agreement",
+                                                        "rejection_rate")},
+                               "feasible": float(bool(t.get("feasible")))}} for t in trials],
+        up_to_date=out.get("up_to_date", False))
 
 
 def dev_examples(params: Params, task: str) -> tuple[list, list]:
@@ -251,6 +287,7 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
                           warm_start=warm_start, candidates=[{**c, "search": "rules"} for c in candidates],
                           confirm=confirm)
     best = out["best"]
+    common.setdefault("trials", {})[slim] = out["trials"]
     # the oracle router on the same dev prompts (greedy searches of the DIMR slim): the ceiling a router has
     oracle = min(oracle_points(dev, cfg), key=lambda t: t["cost_per_token"]) if slim == "main" and \
         dev.base.sampling.greedy else None

@@ -4,19 +4,19 @@ benchmark's tuned `viasd`, the threshold search's and the router's engine option
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 
 from ..config import Params
-from ..decoding.policy import DecodePolicy
+from ..decoding.policy import TUNED_FIELDS, DecodePolicy
 from ..decoding.router import oracle_settings
 from ..runs import RunSpec, parse_run
 from .paths import router_paths, threshold_paths
 from .slims import mask_file, read_json, threshold_slim
 
-# what a thresholds file sets of the viasd policy (the search's POLICY_KEYS)
-TUNED_KEYS = ("gamma", "tau_accept", "tau_slim", "score", "confidence", "gate", "max_lag", "verify_lagged", "router",
-              "verify_block")
+log = logging.getLogger(__name__)
+
 
 def engine_options(params: Params, given: dict | None = None) -> dict:
     """The engine options of our methods (`cache`, `compile`) from params.yaml's `decode`, with the
@@ -37,6 +37,18 @@ def run_inputs(params: Params, pair: str, task: str, run: str | RunSpec) -> dict
     return inputs
 
 
+def tuned_settings(params: Params, pair: str, task: str, slim: str = "main", required: bool = True) -> dict:
+    """The `DecodePolicy` fields a slim's threshold search set for the pair and task (`slim`: `main`, `rules`
+    for the hand rules tuned alone, or a slim ablation). Missing file: a clear error, or with `required`
+    false an empty dict (the policy's defaults) and a logged warning."""
+    path = threshold_paths(params, task, pair, slim)["json"]
+    if not path.exists() and not required:
+        log.warning("no tuned thresholds at %s; viasd runs with default thresholds", path)
+        return {}
+    tuned = read_json(path, "the tuned thresholds")
+    return {k: tuned[k] for k in TUNED_FIELDS if k in tuned}
+
+
 def load_pair_router(params: Params, pair: str):
     """The pair's learned router (`viasd train-router`), for policies tuned with `router: learned`."""
     from ..training.router import load_router
@@ -53,8 +65,7 @@ def run_policy(params: Params, pair: str, task: str, run: str | RunSpec) -> Deco
               "alpha": d.cascade_alpha, "max_lag": d.max_lag, "gate": d.gate, "verify_lagged": d.verify_lagged,
               "seed": params.seed, **engine_options(params), "max_new_tokens": params.max_new_tokens(task)}
     if spec.method == "viasd":
-        tuned = read_json(run_inputs(params, pair, task, spec)["thresholds"], "the tuned thresholds")
-        fields.update({k: tuned[k] for k in TUNED_KEYS if k in tuned})
+        fields.update(tuned_settings(params, pair, task, threshold_slim(params, spec)))
     if spec.ablation == "no_tier2":
         fields["tau_slim"] = math.inf
     if spec.ablation == "oracle":  # the tuned gamma and engine; the oracle decides every tier (none is off)

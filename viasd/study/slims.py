@@ -19,10 +19,8 @@ from pathlib import Path
 
 from ..config import Pair, Params
 from ..errors import StudyInputError
-from ..runs import RunSpec, parse_run
+from ..runs import SLIM_ABLATIONS, RunSpec, parse_run
 from .paths import main_cost, main_prefix, mask_paths
-
-SLIM_ABLATIONS = ("mask_random", "mask_truncate", "mask_every_other", "cost_path", "cost_target", "independent")
 
 
 def read_json(path: Path, what: str) -> dict:
