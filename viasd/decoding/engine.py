@@ -19,6 +19,7 @@ from ..errors import PolicyError, PromptError
 from .compilation import compiled
 from .intermediate import IndependentVerifier
 from .kv_cache import model_cache
+from .methods import viasd as viasd_method
 from .policy import DecodePolicy
 from .reuse import ExitRunner, RestRunner, TrunkRunner, shared_prefix
 from .router import LearnedRouter, RouterRows
@@ -87,13 +88,11 @@ class DecodeSession:
 
         self._make_runners(policy, target, draft, slims, vocab_size, capacity)
         self.runners = [r for r in (self.draft, self.trunk, *self.slims, self.target) if r is not None]
-        if policy.method == "viasd" and slims:
-            # per slim level, resolved once: (tau_accept, tau_slim) and the tier counters
-            self.tier_thresholds = list(zip(*policy.levels(len(slims))))
-            self.stats.direct_by_level = [0] * len(slims)
-            self.stats.slim_accept_by_level = [0] * len(slims)
-            self.stats.regen_by_level = [0] * len(slims)
-        self._set_up_router(policy, target, vocab_size, capacity, router, router_rows)
+        self.router = self.peek = None  # viasd's learned router, or the oracle's peek runner
+        self.router_rows = router_rows
+        self.oracle_wrong = 0  # tokens the budgeted oracle settled although they were wrong
+        if policy.method == "viasd":
+            viasd_method.set_up(self, target, vocab_size, capacity, router)
         # the method's runners and the oracle's peek runner (kept out of `runners`: its passes are not the
         # method's), for what every cache needs: start, the prompt's encoding, rollback
         self.every_runner = [*self.runners, *([self.peek] if self.peek is not None else [])]
@@ -140,7 +139,7 @@ class DecodeSession:
                                      self.trunk, lambda: split.new_cache("target", kind, capacity), vocab_size,
                                      policy.exact_timing)
             if split.early_exit:  # the slim is the trunk itself: its pass is the head on the trunk's output
-                self.slims = [ExitRunner(split.slim_rest, self.trunk, vocab_size)]
+                self.slims = [ExitRunner(split.slim_rest, self.trunk, vocab_size, policy.exact_timing)]
             else:
                 self.slims = [RestRunner("slim", compiled(split.slim_rest) if policy.compile else split.slim_rest,
                                          self.trunk, lambda: split.new_cache("slim", kind, capacity), vocab_size,
@@ -151,33 +150,6 @@ class DecodeSession:
                 runner("slim" if len(slims) == 1 else f"slim{k}", s.model, (lambda s=s: s.new_cache(kind, capacity)))
                 for k, s in enumerate(slims)
             ]
-
-    def _set_up_router(self, policy: DecodePolicy, target: nn.Module, vocab_size: int, capacity: int,
-                       router: LearnedRouter | None, router_rows: RouterRows | None) -> None:
-        """viasd's tier decisions (`policy.router`): the learned router on the models' device, or the oracle's
-        peek runner, the target with a cache of its own whose passes are counted apart (`peek_passes`)."""
-        self.router = self.peek = None
-        self.router_rows = router_rows
-        self.oracle_wrong = 0  # tokens the budgeted oracle settled although they were wrong
-        if policy.method != "viasd" or policy.tiers_off:
-            return
-        if router_rows is not None and policy.router != "oracle":
-            raise PolicyError("router rows are labelled by the oracle: collect them with router='oracle'")
-        if policy.router == "learned":
-            if router is None:
-                raise PolicyError("router 'learned' needs a fitted router (viasd train-router writes one)")
-            if len(self.slims) != 1:
-                raise PolicyError("a learned router decides for one slim verifier; this decode has "
-                                  f"{len(self.slims)}")
-            if router.probe_layers and (self.trunk is None or self.trunk.layers != router.probe_layers):
-                have = "no shared trunk" if self.trunk is None else f"a trunk of {self.trunk.layers} layers"
-                raise PolicyError(f"the router probes the hidden state after the target's first {router.probe_layers} "
-                                  f"layers, but this decode has {have} (decode.reuse on, a mask keeping layers "
-                                  f"0..{router.probe_layers - 1})")
-            self.router = router.to(self.device)
-        elif policy.router == "oracle":
-            self.peek = ModelRunner("peek", target, lambda: model_cache(target, policy.cache, capacity), vocab_size,
-                                    policy.exact_timing)
 
     def router_hidden(self, g: int) -> torch.Tensor | None:
         """`[g + 1, H]`: the shared trunk's residual stream at the inputs whose logits are the block's rows

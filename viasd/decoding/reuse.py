@@ -24,7 +24,6 @@ Pure library code: models in, views and runners out.
 from __future__ import annotations
 
 import logging
-import time
 import weakref
 from collections.abc import Callable
 
@@ -192,14 +191,9 @@ class TrunkRunner(ModelRunner):
         """Make `hidden[:, :upto]` current: feed `ids[0, cached:upto]` through the trunk."""
         if self.cached >= upto:
             return
-        if self._sync:
-            torch.cuda.synchronize(self.device)
-        start = time.perf_counter()
-        h = self.model(input_ids=ids[:, self.cached : upto], cache=self.cache, use_cache=True).last_hidden_state
-        self.hidden[:, self.cached : upto] = h
-        if self._sync:
-            torch.cuda.synchronize(self.device)
-        self.record(upto - self.cached, time.perf_counter() - start, prefill=self.cached == 0)
+        with self.timed(upto - self.cached):
+            h = self.model(input_ids=ids[:, self.cached : upto], cache=self.cache, use_cache=True).last_hidden_state
+            self.hidden[:, self.cached : upto] = h
         self.tokens += upto - self.cached
         self._fed_since_trim += upto - self.cached
         self.cached = upto
@@ -229,17 +223,9 @@ class ExitRunner(ModelRunner):
     no layers and no cache of its own, so a pass costs one norm and one LM-head product per row asked
     for; the decoder layers it needs are the trunk's, computed once and reused by the full model."""
 
-    def __init__(self, head: ExitHead, trunk: TrunkRunner, vocab_size: int):
-        self.name = "slim"
-        self.model = head
+    def __init__(self, head: ExitHead, trunk: TrunkRunner, vocab_size: int, exact_timing: bool = True):
+        super().__init__("slim", head, lambda: None, vocab_size, exact_timing, layers=0)
         self.trunk = trunk
-        self.vocab_size = vocab_size
-        self.device = trunk.device
-        self._sync = trunk._sync
-        self.cache = None
-        self.cached = self.tokens = 0
-        self.widths = {}
-        self.layers = 0
 
     def start(self) -> None:
         self.cached = 0
@@ -252,15 +238,9 @@ class ExitRunner(ModelRunner):
         """The exit logits `[n_logits, V]` of positions `upto-n_logits..upto-1` (the trunk advanced first)."""
         assert 0 < n_logits <= upto - self.cached, (self.name, self.cached, upto, n_logits)
         self.trunk.advance(ids, upto)
-        if self._sync:
-            torch.cuda.synchronize(self.device)
-        start = time.perf_counter()
-        logits = self.model(inputs_embeds=self.trunk.hidden[:, upto - n_logits : upto]).logits
-        logits = logits[0, :, : self.vocab_size].float()
-        if self._sync:
-            torch.cuda.synchronize(self.device)
-        # its cost follows the rows the head computes, not the positions the trunk advanced over
-        self.record(n_logits, time.perf_counter() - start, prefill=self.cached == 0)
+        with self.timed(n_logits):  # its cost follows the rows the head computes, not the positions advanced over
+            logits = self.model(inputs_embeds=self.trunk.hidden[:, upto - n_logits : upto]).logits
+            logits = logits[0, :, : self.vocab_size].float()
         self.tokens += upto - self.cached
         self.cached = upto
         return logits

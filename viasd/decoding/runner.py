@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -24,7 +25,8 @@ class ModelRunner:
     rejected draft leaves no trace. Work per call grows with the tokens fed, not with the sequence.
     """
 
-    def __init__(self, name: str, model: nn.Module, new_cache: Callable, vocab_size: int, exact_timing: bool = True):
+    def __init__(self, name: str, model: nn.Module, new_cache: Callable, vocab_size: int, exact_timing: bool = True,
+                 layers: int | None = None):
         self.name = name
         self.model = model
         self._new_cache = new_cache
@@ -36,8 +38,8 @@ class ModelRunner:
         self.tokens = 0
         self.widths: dict[int | str, list] = {}  # `record`: width -> [passes, seconds]; "prefill" for passes from an empty cache
         self._trim = False
-        config = text_config(model)
-        self.layers = decoder_depth(config) or 0  # decoder layers a pass runs
+        # decoder layers a pass runs (`layers`: a model that is not a transformers model, e.g. an exit head)
+        self.layers = (decoder_depth(text_config(model)) or 0) if layers is None else layers
         # an encoder-decoder model: the prompt's encoder outputs, set by the session once the prompt is encoded
         self.encoder_outputs = None
 
@@ -58,20 +60,29 @@ class ModelRunner:
         count = upto - self.cached
         assert 0 < n_logits <= count, (self.name, self.cached, upto, n_logits)
         inputs = self._inputs(ids, upto)
-        if self._sync:
-            torch.cuda.synchronize(self.device)
-        start = time.perf_counter()
         if self.encoder_outputs is None:
             inputs["logits_to_keep"] = n_logits
-        out = self.model(**inputs, cache=self.cache, use_cache=True)
-        logits = out.logits[0, -n_logits:, : self.vocab_size].float()
-        if self._sync:
-            torch.cuda.synchronize(self.device)
-        self.record(count, time.perf_counter() - start, prefill=self.cached == 0)
+        with self.timed(count):
+            out = self.model(**inputs, cache=self.cache, use_cache=True)
+            logits = out.logits[0, -n_logits:, : self.vocab_size].float()
         self.cached = upto
         self._fed_since_trim += count
         self.tokens += count
         return logits
+
+    @contextmanager
+    def timed(self, width: int):
+        """Time the pass run inside the block, `width` tokens (rows, for a head), and count it (`record`); a
+        pass from an empty cache is the prefill. On CUDA with exact timing the device is synchronised
+        before and after, so the seconds are the pass's own."""
+        prefill = self.cached == 0
+        if self._sync:
+            torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        yield
+        if self._sync:
+            torch.cuda.synchronize(self.device)
+        self.record(width, time.perf_counter() - start, prefill=prefill)
 
     def record(self, width: int, seconds: float, prefill: bool) -> None:
         """Count one pass of `width` tokens (rows, for a head) that took `seconds`: a pass from an empty

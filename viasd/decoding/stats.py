@@ -99,6 +99,19 @@ class DecodeStats:
             values = getattr(self, name)
             values.extend([0] * (g - len(values)))
 
+    def record_full_verification(self, g: int, n: int, already: int = 0) -> None:
+        """Count a block whose positions `already..g-1` the full model settled, keeping `n` of them
+        (positions before `already` were accepted by cheaper tiers)."""
+        self.escalated_blocks += 1
+        self.accepted_full += n
+        if already + n < g:
+            self.rejected_full += 1
+            self.verified += already + n + 1
+            self.discarded += g - already - n - 1
+        else:
+            self.bonus += 1
+            self.verified += g
+
     def layouts(self) -> dict[str, str]:
         """Runner name -> its layout `name:layers` (decoder layers per token it ran), for runners that ran:
         the unit per-pass costs belong to (a full pass and a pass after a shared trunk differ)."""

@@ -25,7 +25,6 @@ from __future__ import annotations
 import torch
 
 from ..acceptance import leading_true, proposal_test
-from .sd import record_full_verification
 
 
 def _tv(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -85,5 +84,5 @@ def block(s) -> None:
         n, token = proposal_test(x, p, pi, q[g], s.sampler)
     s.stats.blocks += 1
     s.stats.drafted += g
-    record_full_verification(s.stats, g, n)
+    s.stats.record_full_verification(g, n)
     s.commit(n, token)

@@ -40,12 +40,15 @@ from __future__ import annotations
 import time
 
 import torch
+from torch import nn
 
+from ...errors import PolicyError
 from ..acceptance import lossless
-from ..router import position_features
+from ..kv_cache import model_cache
+from ..router import LearnedRouter, position_features
+from ..runner import ModelRunner
 from ..sampling import residual
 from ..tiers import CONFIDENCES, SCORES, direct_accept
-from .sd import record_full_verification
 
 
 class _Level:
@@ -89,6 +92,36 @@ class _Level:
             return self.logits[i].argmax(), None
         dist = residual(self.q[i], p[i])
         return s.sampler.sample(dist), dist
+
+
+def set_up(s, target: nn.Module, vocab_size: int, capacity: int, router: LearnedRouter | None) -> None:
+    """viasd's own session state: per slim level, resolved once, (tau_accept, tau_slim) and the tier
+    counters; who decides the tiers (`policy.router`): the learned router on the models' device, or the
+    oracle's peek runner, the target with a cache of its own whose passes are counted apart (`peek_passes`)."""
+    policy, levels = s.policy, len(s.slims)
+    if levels:
+        s.tier_thresholds = list(zip(*policy.levels(levels)))
+        s.stats.direct_by_level = [0] * levels
+        s.stats.slim_accept_by_level = [0] * levels
+        s.stats.regen_by_level = [0] * levels
+    if policy.tiers_off:
+        return
+    if s.router_rows is not None and policy.router != "oracle":
+        raise PolicyError("router rows are labelled by the oracle: collect them with router='oracle'")
+    if policy.router == "learned":
+        if router is None:
+            raise PolicyError("router 'learned' needs a fitted router (viasd train-router writes one)")
+        if levels != 1:
+            raise PolicyError(f"a learned router decides for one slim verifier; this decode has {levels}")
+        if router.probe_layers and (s.trunk is None or s.trunk.layers != router.probe_layers):
+            have = "no shared trunk" if s.trunk is None else f"a trunk of {s.trunk.layers} layers"
+            raise PolicyError(f"the router probes the hidden state after the target's first {router.probe_layers} "
+                              f"layers, but this decode has {have} (decode.reuse on, a mask keeping layers "
+                              f"0..{router.probe_layers - 1})")
+        s.router = router.to(s.device)
+    elif policy.router == "oracle":
+        s.peek = ModelRunner("peek", target, lambda: model_cache(target, policy.cache, capacity), vocab_size,
+                             policy.exact_timing)
 
 
 def _verify_lagged(s, q_logits: torch.Tensor, first: int) -> bool:
@@ -145,7 +178,7 @@ def _full_block(s, x: torch.Tensor, p: torch.Tensor | None, g: int, i: int) -> N
         return
     rows = q_logits[s.length - 1 + i - first :]  # q_{i+1}..q_{g+1}
     n, token = lossless(x[i:], p[i:] if p is not None else None, rows, s.sampler)
-    record_full_verification(s.stats, g, n, already=i)
+    s.stats.record_full_verification(g, n, already=i)
     s.commit(i + n, token)
     s.checked = s.length
     s.proposals.clear()
