@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow_helpers import BIN, copy_repo, covers, dvc_stages, run, snakemake_jobs, tool_env
+from workflow_helpers import BIN, GOLDEN, copy_repo, covers, dvc_stages, run, smoke_fingerprint, snakemake_jobs, tool_env
 
 SMOKE = ["--configfile", "config/smoke.yaml"]
 SMOKE_RUNS = yaml.safe_load((Path(__file__).resolve().parent.parent / "config" / "smoke.yaml").read_text())["study"]["runs"]
@@ -216,6 +216,12 @@ def test_smoke_study_killed_resumed_tracked_and_reported(repo):
     decode = by_name["decode/smoke/stdlib_continuation/viasd-mask_random"].data
     assert decode.tags["ablation"] == "mask_random" and len(decode.tags["git_commit"]) == 40
     assert decode.tags["dvc_md5.model.target"].endswith(".dir") and "dvc_md5.thresholds" in decode.tags
+    # what a behaviour-keeping change must not move: masks, searched policies, timing-free tokens, MLflow
+    # run names, against the fingerprint recorded before the study layer's refactor (tests/golden/)
+    fingerprint = smoke_fingerprint(repo)
+    golden = json.loads(GOLDEN.read_text())
+    for key in golden:
+        assert fingerprint[key] == golden[key], f"the smoke study's {key} changed (tests/golden/README.md)"
 
     port = _free_port()
     ui = subprocess.Popen([str(BIN / "mlflow"), "ui", "--backend-store-uri", f"sqlite:///{repo / 'mlflow.db'}",

@@ -97,3 +97,44 @@ def dvc_stages(cwd: Path) -> dict[str, dict]:
 def covers(parent: str, path: str) -> bool:
     parent, path = parent.rstrip("/"), path.rstrip("/")
     return path == parent or path.startswith(parent + "/")
+
+
+# What a smoke study produces that no code change meant to keep behaviour may change (tests/golden/): the
+# masks, the policies each threshold search tries (the DIMR slim's and the hand rules': with the smoke
+# config's trial counts every trial is a seeded start-up draw, independent of timings), the tokens of every
+# run whose output does not depend on the timed choice of thresholds, and the MLflow run names.
+GOLDEN = Path(__file__).resolve().parent / "golden" / "smoke-fingerprint.json"
+FINGERPRINT_RUNS = ("ar", "sd", "cascade_sd", "spec_cascade", "viasd-oracle")
+POLICY_FIELDS = ("gamma", "tau_accept", "tau_slim", "score", "confidence", "gate", "max_lag", "verify_lagged", "router",
+                 "verify_block")
+
+
+def smoke_fingerprint(repo: Path, pair: str = "smoke", task: str = "stdlib_continuation") -> dict:
+    """The fingerprint of a finished smoke study in `repo` (see GOLDEN)."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    masks = {p.name: json.loads(p.read_text())["keep_layers"]
+             for p in sorted((repo / "models-smoke" / "masks" / pair).glob("*.json"))}
+    searches = {}
+    for slim in ("main", "rules"):
+        trace = repo / "models-smoke" / "thresholds" / f"{pair}-{task}" / f"{slim}.trace.jsonl"
+        trials = [json.loads(line) for line in trace.read_text().splitlines()]
+        searches[slim] = [{k: t.get(k) for k in POLICY_FIELDS} for t in sorted(
+            (t for t in trials if not t["tiers_off"] and t.get("search") is None), key=lambda t: t["number"])]
+    tokens = {}
+    for run_name in FINGERPRINT_RUNS:
+        rows = (repo / "reports-smoke" / "decode" / pair / task / f"{run_name}.jsonl").read_text().splitlines()
+        tokens[run_name] = [json.loads(line)["token_ids"] for line in rows]
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("viasd-smoke")
+    runs = [r for r in client.search_runs([exp.experiment_id], max_results=5000) if r.info.status == "FINISHED"]
+    return {"masks": masks, "searched_policies": searches, "tokens": tokens,
+            "mlflow_run_names": sorted(r.info.run_name for r in runs)}
+
+
+if __name__ == "__main__":  # python tests/workflow_helpers.py <finished smoke repo>: print its fingerprint
+    import json
+
+    print(json.dumps(smoke_fingerprint(Path(sys.argv[1])), indent=1, sort_keys=True))
