@@ -19,7 +19,7 @@ from ..config import Params
 from ..decoding.policy import DecodePolicy
 from ..errors import StudyInputError
 from ..runs import RunSpec, parse_run
-from ..study.cells import load_pair_router, run_inputs, run_policy
+from ..study.cells import GridCell, load_pair_router
 from ..study.paths import decode_paths
 from ..study.record import StageRecord, cell_tags, input_files, scalars
 from ..study.slims import slim_description
@@ -52,14 +52,15 @@ def run_decode_stage(params: Params, pair_name: str, task: str, runs: Sequence[s
 
     specs = list(dict.fromkeys(parse_run(r) for r in (runs or params.study.runs)))
     pair = params.pair(pair_name)
+    grid = {spec.name: GridCell.of(params, pair.name, task, spec) for spec in specs}
     split = params.decode.split
     task_spec = get_task(task)
     examples = load_examples(params.data.dir, task, split)[:limit]
     if not examples:
         raise StudyInputError(f"the {split} split of {task} has no examples")
-    inputs = {spec.name: run_inputs(params, pair.name, task, spec) for spec in specs}
-    policies = {spec.name: run_policy(params, pair.name, task, spec) for spec in specs}
-    reference = run_policy(params, pair.name, task, "ar")
+    inputs = {name: cell.inputs for name, cell in grid.items()}
+    policies = {name: cell.policy() for name, cell in grid.items()}
+    reference = GridCell.of(params, pair.name, task, "ar").policy()
     models = load_runs_models(params, pair, {spec.name: (spec, inputs[spec.name].get("mask")) for spec in specs})
     for name, policy in policies.items():
         if policy.router == "learned":
