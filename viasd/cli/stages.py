@@ -38,8 +38,7 @@ def _prepare_data(args) -> int:
     params = load_params(args)
     out = params.data.dir
     if args.only in (None, "corpus"):
-        prepare_corpus(params)
-        manifest = json.loads((out / "manifest.json").read_text())
+        manifest = prepare_corpus(params)
         track(args, params, StageRecord(
             "prepare_data", "prepare_corpus", {"data": params.section("data")},
             {f"tokens_{k}": v for k, v in manifest["tokens"].items()} | {"vocab_size": manifest["vocab_size"]},
@@ -66,12 +65,11 @@ def add_train_model(sub) -> None:
 
 def _train_model(args) -> int:
     from ..study.record import StageRecord
-    from ..training.train import read_training_report, train_model
+    from ..training.train import train_with_report
 
     params = load_params(args)
     live = live_metric(args, "train_loss", every=10)  # the loss while training runs, in the stage's open run
-    out = train_model(params, args.role, on_step=live)
-    report = read_training_report(out)
+    out, report = train_with_report(params, args.role, on_step=live)
     track(args, params, StageRecord(
         "train_model", f"train_model/{args.role}",
         {"arch": vars(params.family.arch(args.role)), "train": vars(params.train), "seed": params.seed},

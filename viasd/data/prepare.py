@@ -61,10 +61,10 @@ def _split_files(params: Params) -> dict:
     return by_split
 
 
-def prepare_corpus(params: Params, progress: bool = True) -> Path:
+def prepare_corpus(params: Params, progress: bool = True) -> dict:
     """The tokenizer, the token datasets, the calibration set and the manifest (what training and the
     mask search read; no task prompt). Each output replaces its predecessor in one rename; the manifest
-    goes last."""
+    goes last. Returns the manifest (`data.dir/manifest.json`)."""
     from tqdm.auto import tqdm
 
     out_dir = params.data.dir
@@ -91,18 +91,19 @@ def prepare_corpus(params: Params, progress: bool = True) -> Path:
         windows = calibration_windows(tokens_by_split["calibration"], params.data.calibration_sequences,
                                       params.data.calibration_length, params.seed)
         _write_parquet(tmp / "calibration.parquet", {"input_ids": windows})
-        write_json(tmp / "manifest.json", {
+        manifest = {
             "python_version": corpus_mod.python_version(),
             "split_fractions": params.data.split,
             "vocab_size": len(tokenizer),
             "tokens": {s: sum(map(len, tokens_by_split[s])) for s in corpus_mod.SPLITS},
             "files": manifest_files,
-        })
+        }
+        write_json(tmp / "manifest.json", manifest)
         out_dir.mkdir(exist_ok=True)
         (out_dir / "manifest.json").unlink(missing_ok=True)  # no manifest: an unfinished corpus
         for name in CORPUS_OUTPUTS:  # manifest.json last: its presence marks a finished corpus
             replace_path(tmp / name, out_dir / name)
-    return out_dir
+    return manifest
 
 
 def prepare_tasks(params: Params, tasks: list[str] | None = None, splits: tuple[str, ...] = ("dev", "test")) -> list[Path]:

@@ -104,9 +104,10 @@ def run_thresholds_stage(params: Params, task: str | None = None, progress: bool
 
 
 def threshold_record(params: Params, pair: Pair, slim: str, out: dict, trials: list[dict]) -> StageRecord:
-    """One slim's search as an MLflow run: the chosen policy and its dev figures, each Optuna trial a child
-    run (`trials`: the search's points; its tiers-off points and other searches' candidates are left out)."""
-    trials = sorted((t for t in trials if not t["tiers_off"] and t.get("search") is None), key=lambda t: t["number"])
+    """One slim's search as an MLflow run: the chosen policy and its dev figures, each candidate trial a
+    child run (`trials`: the search's points; its tiers-off points are left out, the trials of another
+    search that competed in its choice, e.g. the hand rules' in the DIMR slim's, are kept)."""
+    trials = sorted((t for t in trials if not t["tiers_off"]), key=lambda t: t["number"])
     paths = threshold_paths(params, out["task"], pair.name, slim)
     mask = mask_file(params, pair.name, slim_spec(slim))
     slim_input = {"mask": mask} if mask is not None else {}

@@ -28,7 +28,6 @@ Options:
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 import os
@@ -130,7 +129,14 @@ def perplexity(model, stream: np.ndarray, seq_len: int, max_tokens: int) -> tupl
 
 def train_model(params: Params, role: str, progress: bool = True, stop_after: int | None = None,
                 on_step=None) -> Path:
-    """Train `role` of the configured family; returns the saved model directory.
+    """Train `role` of the configured family; returns the saved model directory (`train_with_report`)."""
+    return train_with_report(params, role, progress, stop_after, on_step)[0]
+
+
+def train_with_report(params: Params, role: str, progress: bool = True, stop_after: int | None = None,
+                      on_step=None) -> tuple[Path, dict | None]:
+    """Train `role` of the configured family; returns the saved model directory and its training report
+    (what `training.json` holds), or the checkpoint directory and None when `stop_after` ended the run.
 
     `stop_after` ends the run after that many optimizer steps with a checkpoint and no final model
     (a later call resumes from there). `on_step(step, loss)` is called after every optimizer step
@@ -188,7 +194,7 @@ def train_model(params: Params, role: str, progress: bool = True, stop_after: in
             _save_checkpoint(ckpt, model, optimizer, scheduler, step, total_steps, losses,
                              time.perf_counter() - started, config)
             bar.close()
-            return ckpt_dir
+            return ckpt_dir, None
     bar.close()
     train_seconds = time.perf_counter() - started
     test_stream = load_token_stream(params.data.dir, "test")
@@ -202,7 +208,7 @@ def train_model(params: Params, role: str, progress: bool = True, stop_after: in
         write_json(tmp / "training.json", record)
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     log.info("%s: test NLL %.3f (perplexity %.2f), %.0fs", role, nll, ppl, train_seconds)
-    return out_dir
+    return out_dir, record
 
 
 def _new_model(params: Params, role: str, arch: ModelArch, tokenizer):
@@ -318,5 +324,3 @@ def _save_checkpoint(path: Path, model, optimizer, scheduler, step, total_steps,
     os.replace(tmp, path)
 
 
-def read_training_report(model_dir: Path) -> dict:
-    return json.loads((Path(model_dir) / "training.json").read_text())
