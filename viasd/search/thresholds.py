@@ -108,14 +108,16 @@ class DevSet:
 
     def __init__(self, models: ModelSet, examples: list[Example], max_new_tokens: int, stop_strings=(),
                  pass_cost: dict[str, PassCost] | None = None, task: TaskSpec | None = None, engine: dict | None = None,
-                 shared: SharedDev | None = None):
+                 shared: SharedDev | None = None, base: DecodePolicy | None = None):
         self.models = models
         self.examples = examples
         self.task = task
         self.metric = main_metric(task.metrics) if task is not None else None
         self.prompts = [e.prompt_ids if e.prompt_ids is not None else models.encode(e.prompt) for e in examples]
-        self.base = DecodePolicy(method="viasd", max_new_tokens=max_new_tokens, stop_strings=tuple(stop_strings),
-                                 **(engine or {}))  # engine: cache, compile, reuse (as the decode stage runs)
+        # the policy every trial varies: `base` (the study's, from its grid-cell layer), else viasd with these
+        # settings; engine: cache, compile, reuse (as the decode stage runs)
+        self.base = base or DecodePolicy(method="viasd", max_new_tokens=max_new_tokens, stop_strings=tuple(stop_strings),
+                                         **(engine or {}))
         if shared is None:
             ar = [models.generate(p, replace(self.base, method="ar")) for p in self.prompts]
             ar_stats = DecodeStats.merge([r.stats for r in ar])

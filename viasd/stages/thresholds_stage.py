@@ -30,7 +30,7 @@ from ..search.pass_cost import PassCost, costs_from_json, costs_to_json
 from ..search.plots import speed_quality
 from ..search.storage import optuna_storage, study_name
 from ..search.thresholds import POLICY_KEYS, DevSet, ThresholdConfig, oracle_points, tune_thresholds
-from ..study.cells import engine_options
+from ..study.cells import engine_options, search_base
 from ..study.paths import router_paths, threshold_paths
 from ..study.record import StageRecord, input_files
 from ..study.slims import load_run_models, mask_file, slim_description, slim_spec, slims_to_tune
@@ -268,13 +268,14 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     examples, held_out = dev_examples(params, task)
     max_new = params.max_new_tokens(task)
     common = {} if common is None else common
+    base = search_base(params, task)
     dev = DevSet(models, examples, max_new, get_task(task).stop_strings, pass_cost, task=get_task(task), engine=engine,
-                 shared=common.get("dev"))
+                 shared=common.get("dev"), base=base)
     common["dev"] = dev.shared
     confirm = None
     if held_out:
         confirm = DevSet(models, held_out, max_new, get_task(task).stop_strings, dev.pass_cost, task=get_task(task),
-                         engine=engine, shared=common.get("confirm"))
+                         engine=engine, shared=common.get("confirm"), base=base)
         common["confirm"] = confirm.shared
     log.info("tuning thresholds for %s on %s with slim %s", pair.name, task, slim)
     # min_gain only selects among the trials: a change re-selects from the same (resumed) study

@@ -25,6 +25,15 @@ def engine_options(params: Params, given: dict | None = None) -> dict:
     return {**params.decode.engine(), **{k: v for k, v in (given or {}).items() if v is not None}}
 
 
+def search_base(params: Params, task: str) -> DecodePolicy:
+    """The policy a threshold search varies on `task`'s dev prompts: viasd with the study's engine options,
+    the task's `max_new_tokens` and stop strings."""
+    from ..tasks import get_task
+
+    return DecodePolicy(method="viasd", max_new_tokens=params.max_new_tokens(task),
+                        stop_strings=tuple(get_task(task).stop_strings), **engine_options(params))
+
+
 def run_inputs(params: Params, pair: str, task: str, run: str | RunSpec) -> dict[str, Path]:
     """The files a run reads besides the pair's models and the task's prompts: its routing mask and, for
     `viasd`, the thresholds tuned for its slim (see `slims.threshold_slim`)."""
