@@ -396,6 +396,8 @@ def test_the_choice_is_confirmed_on_held_out_dev_prompts(study, tmp_path):
     search did not select on. Confirmed on the search's own prompts (the same decodes) it is kept at the
     first check; on prompts where no tiered policy can meet the agreement floor (a reference no model
     emits) every candidate is rejected, `confirm_candidates` of them at most, cheapest first, and SD wins."""
+    from dataclasses import replace
+
     from viasd.metrics.quality import QualityConstraints
     from viasd.search.thresholds import DevSet, ThresholdConfig, tune_thresholds
     from viasd.tasks import load_examples
@@ -417,8 +419,7 @@ def test_the_choice_is_confirmed_on_held_out_dev_prompts(study, tmp_path):
     assert check["feasible"] and check["number"] == kept["best"]["number"]
     assert check["fidelity"] == kept["best"]["fidelity"] and check["agreement"] == kept["best"]["agreement"]
 
-    strict = ThresholdConfig(**{**cfg.__dict__, "quality": QualityConstraints(min_fidelity=0.0, max_task_drop=None,
-                                                                              min_agreement=0.5)})
+    strict = replace(cfg, quality=QualityConstraints(min_fidelity=0.0, max_task_drop=None, min_agreement=0.5))
     unreachable = DevSet(models, examples, 8)
     unreachable.reference = [[models.vocab_size] * len(ref) for ref in unreachable.reference]
     out = tune_thresholds(dev, strict, f"sqlite:///{tmp_path / 'a.db'}", "t", progress=False, confirm=unreachable)

@@ -203,9 +203,9 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     sd, viasd = result["methods"]["sd"]["forward_passes_per_token"], result["methods"]["viasd"]["forward_passes_per_token"]
     # the slim view's passes are its own, not the target's; none when the thresholds tuned in this folder (the
     # session's study folder may hold some) turned the tiers off
-    from viasd.stages.bench_stage import viasd_settings
+    from viasd.study.cells import tuned_settings
 
-    tuned = viasd_settings(params, "smoke", "stdlib_continuation")
+    tuned = tuned_settings(params, "smoke", "stdlib_continuation", required=False)
     tiers_off = str(tuned.get("tau_accept")) == "inf" and str(tuned.get("tau_slim")) == "inf"
     assert (viasd["slim"] == 0 if tiers_off else viasd["slim"] > 0) and "slim" not in sd
     fixed = result["methods"]["hf_assisted_fixed"]["forward_passes_per_token"]

@@ -105,8 +105,6 @@ def covers(parent: str, path: str) -> bool:
 # run whose output does not depend on the timed choice of thresholds, and the MLflow run names.
 GOLDEN = Path(__file__).resolve().parent / "golden" / "smoke-fingerprint.json"
 FINGERPRINT_RUNS = ("ar", "sd", "cascade_sd", "spec_cascade", "viasd-oracle")
-POLICY_FIELDS = ("gamma", "tau_accept", "tau_slim", "score", "confidence", "gate", "max_lag", "verify_lagged", "router",
-                 "verify_block")
 
 
 def smoke_fingerprint(repo: Path, pair: str = "smoke", task: str = "stdlib_continuation") -> dict:
@@ -115,13 +113,15 @@ def smoke_fingerprint(repo: Path, pair: str = "smoke", task: str = "stdlib_conti
 
     from mlflow.tracking import MlflowClient
 
+    from viasd.decoding.policy import TUNED_FIELDS
+
     masks = {p.name: json.loads(p.read_text())["keep_layers"]
              for p in sorted((repo / "models-smoke" / "masks" / pair).glob("*.json"))}
     searches = {}
     for slim in ("main", "rules"):
         trace = repo / "models-smoke" / "thresholds" / f"{pair}-{task}" / f"{slim}.trace.jsonl"
         trials = [json.loads(line) for line in trace.read_text().splitlines()]
-        searches[slim] = [{k: t.get(k) for k in POLICY_FIELDS} for t in sorted(
+        searches[slim] = [{k: t.get(k) for k in TUNED_FIELDS} for t in sorted(
             (t for t in trials if not t["tiers_off"] and t.get("search") is None), key=lambda t: t["number"])]
     tokens = {}
     for run_name in FINGERPRINT_RUNS:

@@ -43,7 +43,6 @@ from .search.pass_cost import cost_per_token, costs_to_json, fit_pass_costs, wid
 
 log = logging.getLogger(__name__)
 
-OURS = METHODS  # our own decoding methods, by the engine's names
 # VIA-SD variants beside the tuned `viasd`: the oracle router (the ceiling of any router: the target's greedy
 # token decides, its peek passes not counted) and the hand-set rules tuned on their own (the rules ablation)
 VIASD_VARIANTS = ("viasd_oracle", "viasd_rules")
@@ -165,10 +164,10 @@ def method_table(models: ModelSet, names: list[str], gamma: int, max_new_tokens:
             out.append(BenchMethod(name, replace(base, method="viasd", **(settings or {}))))
         elif name == "spec_cascade":
             out.append(BenchMethod(name, replace(base, method="spec_cascade", **(spec_cascade or {}))))
-        elif name in OURS:
+        elif name in METHODS:
             out.append(BenchMethod(name, replace(base, method=name)))
         else:
-            raise BenchError(f"unknown benchmark method {name!r}; choose from {', '.join(OURS + VIASD_VARIANTS + HF)}")
+            raise BenchError(f"unknown benchmark method {name!r}; choose from {', '.join(METHODS + VIASD_VARIANTS + HF)}")
     if any(m.name != "ar" and m.name != "hf_ar" for m in out) and models.draft is None:
         raise BenchError("the speculative methods need a draft model")
     if any(m.name in ("cascade_sd", "viasd", *VIASD_VARIANTS) for m in out) and not models.slims:

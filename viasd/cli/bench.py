@@ -11,7 +11,8 @@ from .common import add_pair, load_params, stage_parser, track
 
 
 def add_bench(sub) -> None:
-    from ..benchmark import HF, OURS, VIASD_VARIANTS
+    from ..benchmark import HF, VIASD_VARIANTS
+    from ..decoding.policy import METHODS
 
     p = stage_parser(sub, "bench", "speed side by side: our methods vs transformers generate / assisted generation",
                       _bench)
@@ -22,7 +23,7 @@ def add_bench(sub) -> None:
     p.add_argument("--repeats", type=int, default=3, help="timed rounds after the warm-up round")
     p.add_argument("--gamma", type=int, help="draft block length (default: decode.gamma)")
     p.add_argument("--methods", help="comma-separated (default: all; a sweep: hf_ar,ar,sd,viasd), from: "
-                   + ", ".join(HF + OURS + VIASD_VARIANTS))
+                   + ", ".join(HF + METHODS + VIASD_VARIANTS))
     p.add_argument("--cache", choices=CACHE_KINDS,
                    help="KV cache of our methods (default: decode.cache): inplace (written in place, attention over "
                         "the filled prefix), dynamic (transformers' DynamicCache) or static (transformers' StaticCache)")
@@ -46,7 +47,8 @@ def _bench(args) -> int:
     for name, value in (("--prompts", args.prompts), ("--repeats", args.repeats)):
         if value < 1:
             raise ViasdError(f"{name} must be at least 1, got {value}")
-    from ..benchmark import HF, OURS, VIASD_VARIANTS
+    from ..benchmark import HF, VIASD_VARIANTS
+    from ..decoding.policy import METHODS
 
     chosen = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
     pair = params.pair(args.pair)
@@ -74,7 +76,7 @@ def _bench(args) -> int:
             print(json.dumps(point))
         print(out["files"]["json"])
         return 0
-    result = run_bench_stage(params, pair.name, args.task, chosen or list(HF + OURS + VIASD_VARIANTS), args.prompts,
+    result = run_bench_stage(params, pair.name, args.task, chosen or list(HF + METHODS + VIASD_VARIANTS), args.prompts,
                              args.max_new_tokens, args.repeats, args.gamma, args.device, args.dtype, engine=engine)
     for name, row in result["methods"].items():
         tps = row["tokens_per_second"]

@@ -86,11 +86,6 @@ def task_references(params: Params, task: str, n: int, max_new: int) -> tuple[li
     return [e.reference for e in load_examples(params.data.dir, task, "test")[:n]], metric
 
 
-def viasd_settings(params: Params, pair: str, task: str, slim: str = "main") -> dict:
-    """The tuned VIA-SD thresholds of the pair and task when they exist, else the policy defaults."""
-    return tuned_settings(params, pair, task, slim, required=False)
-
-
 def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: list[str], prompts: int,
                     max_new_tokens: int | None, repeats: int, gamma: int | None, device: str, dtype: str,
                     progress: bool = True, engine: dict | None = None) -> dict:
@@ -101,9 +96,9 @@ def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: l
     cascade = params.decode.spec_cascade()
     rules = threshold_paths(params, task, pair.name, "rules")["json"]
     methods = [m for m in methods if m != "viasd_rules" or rules.exists()]  # the rules' own search, when it ran
-    variants = {"viasd_rules": viasd_settings(params, pair.name, task, "rules")} if rules.exists() else {}
-    table = method_table(models, methods, gamma, max_new, viasd_settings(params, pair.name, task), cascade, engine,
-                         variants)
+    variants = {"viasd_rules": tuned_settings(params, pair.name, task, "rules", required=False)} if rules.exists() else {}
+    tuned = tuned_settings(params, pair.name, task, required=False)
+    table = method_table(models, methods, gamma, max_new, tuned, cascade, engine, variants)
     references, metric = task_references(params, task, prompts, max_new)
     result = run_benchmark(models, bench_prompts(params, models, task, prompts), table, max_new, repeats, progress,
                            references, metric)
@@ -149,7 +144,7 @@ def run_sweep(params: Params, pair_name: str | None, task: str, kind: str, value
     methods = [m for m in (methods or default) if m not in ("cascade_sd", "viasd") or models.slims]
     gamma = gamma or params.decode.gamma
     max_new = max_new_tokens or params.max_new_tokens(task)
-    viasd = viasd_settings(params, pair.name, task)
+    viasd = tuned_settings(params, pair.name, task, required=False)
     points = []
     if kind == "position":
         table = method_table(models, methods, gamma, max_new, viasd, params.decode.spec_cascade(),
@@ -266,7 +261,7 @@ def run_frontier(params: Params, pair: str, models, task: str, prompts: int, max
     gamma = gamma or params.decode.gamma
     max_new = max_new_tokens or params.max_new_tokens(task)
     cascade = params.decode.spec_cascade()
-    table = frontier_table(models, viasd_settings(params, pair, task), gamma, max_new, cascade, engine)
+    table = frontier_table(models, tuned_settings(params, pair, task, required=False), gamma, max_new, cascade, engine)
     references, metric = task_references(params, task, prompts, max_new)
     res = run_benchmark(models, bench_prompts(params, models, task, prompts), table, max_new, repeats, progress,
                         references, metric)

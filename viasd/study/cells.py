@@ -12,9 +12,9 @@ from pathlib import Path
 from ..config import Params
 from ..decoding.policy import TUNED_FIELDS, DecodePolicy
 from ..decoding.router import oracle_settings
-from ..runs import ROUTED, RunSpec, parse_run
-from .paths import decode_paths, eval_path, router_paths, threshold_paths
-from .slims import mask_file, read_json, slim_name, threshold_slim
+from ..runs import RunSpec, parse_run
+from .paths import router_paths, threshold_paths
+from .slims import mask_file, read_json, threshold_slim
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +87,8 @@ def run_policy(params: Params, pair: str, task: str, run: str | RunSpec) -> Deco
 
 @dataclass(frozen=True)
 class GridCell:
-    """One cell of the study grid, (pair, task, run): what it reads, its slim verifier, its decoding
-    policy and where its outputs go, each derived from the parameters in one place."""
+    """One cell of the study grid, (pair, task, run): what it reads and its decoding policy, each derived
+    from the parameters in one place (its outputs: `paths.decode_paths`, `paths.eval_path`)."""
 
     params: Params
     pair: str
@@ -100,24 +100,9 @@ class GridCell:
         return cls(params, pair, task, parse_run(run) if isinstance(run, str) else run)
 
     @property
-    def name(self) -> str:
-        return self.run.name
-
-    @property
     def inputs(self) -> dict[str, Path]:
         """Its routing mask and, for `viasd`, its tuned thresholds (`run_inputs`)."""
         return run_inputs(self.params, self.pair, self.task, self.run)
-
-    @property
-    def slim(self) -> str | None:
-        """The slim verifier it routes (`main`, a slim ablation), None for methods without one."""
-        return slim_name(self.params, self.run) if self.run.method in ROUTED else None
-
-    @property
-    def outputs(self) -> dict[str, Path]:
-        """Its decode rows and summary (`paths.decode_paths`) and its evaluation (`paths.eval_path`)."""
-        return {**decode_paths(self.params, self.pair, self.task, self.name),
-                "eval": eval_path(self.params, self.pair, self.task, self.name)}
 
     def policy(self) -> DecodePolicy:
         return run_policy(self.params, self.pair, self.task, self.run)
