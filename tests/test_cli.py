@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,8 @@ import transformers as tf
 from tiny_models import build_model, build_tokenizer
 
 from viasd.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +35,8 @@ def test_json_output_is_one_object(dirs, capsys):
                            "--gamma", "3", "--max-new-tokens", "12", "--device", "cpu", "--prompt", "def f(x):", "--json")
     assert code == 0
     data = json.loads(out)
-    assert set(data) == {"text", "token_ids", "stats"}
+    assert set(data) == {"text", "token_ids", "stats", "policy"}
+    assert data["policy"]["gamma"] == 3 and data["policy"]["method"] == "viasd" and data["policy"]["tau_accept"] == 1.0
     assert len(data["token_ids"]) == data["stats"]["new_tokens"] <= 12
     assert data["stats"]["method"] == "viasd" and "rejection_rate" in data["stats"]
 
@@ -131,13 +135,20 @@ def bad_inputs(dirs, odd_models, tmp_path):
                                  tmp_path / "router.json", "--prompt", "x"], "viasd train-router"),
         "sampled oracle": ([*base, "--keep-layers", "0", "--router", "oracle", "--temperature", "1", "--prompt", "x"],
                            "greedy"),
+        "no models": (["--method", "ar", "--prompt", "x"], "give the models"),
+        "a study cell with models": (["--pair", "default", "--task", "stdlib_continuation", "--draft", draft,
+                                      "--prompt", "x"], "--draft: with --pair the models"),
+        "a study cell without its task": (["--pair", "default", "--prompt", "x"], "--pair needs --task"),
+        "a study cell with a bad run": (["--pair", "default", "--task", "stdlib_continuation", "--run", "viasd-nope",
+                                         "--params", REPO / "params.yaml", "--prompt", "x"], "--run"),
     }
 
 
 CASES = ["missing model", "mismatched vocabulary", "out-of-range layer", "duplicate layer", "missing mask",
          "empty prompt", "missing prompt file", "over-long prompt", "no draft", "no mask", "encoder-decoder draft",
          "hub id offline", "bad gamma", "bad device", "learned router without its file", "missing router file",
-         "sampled oracle"]
+         "sampled oracle", "no models", "a study cell with models", "a study cell without its task",
+         "a study cell with a bad run"]
 
 
 @pytest.mark.parametrize("case", CASES)

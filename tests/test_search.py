@@ -223,6 +223,37 @@ def test_thresholds_stage_and_infeasible_constraint(study, tmp_path):
     assert again == {slim: {**r, "up_to_date": True} for slim, r in results.items()}
 
 
+def test_generate_decodes_a_study_cell_as_the_study_does(study, capsys):
+    """`viasd generate --pair P --task T --run viasd` decodes with the cell's policy (its tuned thresholds,
+    slim and learned router, the task's stop strings): on the decode stage's prompts it writes the decode
+    stage's tokens; a policy flag overrides that field alone."""
+    from viasd.cli import main
+    from viasd.stages.decode_stage import run_decode_stage
+    from viasd.study.paths import decode_paths
+    from viasd.tasks import load_examples
+
+    src, params = study
+    run_dimr_stage(params, progress=False)
+    run_router_stage(params, progress=False)
+    run_thresholds_stage(params, progress=False)  # a no-op after the stage test
+    tuned = json.loads(threshold_paths(params, "stdlib_continuation")["json"].read_text())
+    run_decode_stage(params, "smoke", "stdlib_continuation", ["viasd"], limit=2, progress=False)
+    rows = [json.loads(line) for line in decode_paths(params, "smoke", "stdlib_continuation", "viasd")["rows"]
+            .read_text().splitlines()]
+    cell = ["generate", "--params", str(src / "params.yaml"), "--pair", "smoke", "--task", "stdlib_continuation",
+            "--run", "viasd", "--json"]
+    examples = load_examples(params.data.dir, "stdlib_continuation", params.decode.split)[:2]
+    for example, row in zip(examples, rows, strict=True):
+        assert main([*cell, "--prompt", example.prompt]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["token_ids"] == row["token_ids"] and out["stats"]["method"] == "viasd"
+    assert {k: out["policy"][k] for k in POLICY_KEYS} == {k: tuned[k] for k in POLICY_KEYS}
+    assert out["policy"]["max_new_tokens"] == params.max_new_tokens("stdlib_continuation")
+    assert main([*cell, "--gamma", "2", "--prompt", examples[0].prompt]) == 0
+    changed = json.loads(capsys.readouterr().out)["policy"]
+    assert changed == {**out["policy"], "gamma": 2}
+
+
 def check_the_choice(result: dict, trace: list[dict]) -> None:
     """The result is what the selection rule picks from its trace: the cheapest feasible tiered trial that
     passed the held-out confirmation, every cheaper feasible one checked and rejected first; or the

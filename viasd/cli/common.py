@@ -135,13 +135,14 @@ def add_grid_cells(p) -> None:
 
 
 
-def grid_cells(args):
-    """Parameters, pair and run specs of a `--pair/--task/--run ...` command (no --run: `study.runs`)."""
+def grid_cells(args, runs: list[str] | None = None):
+    """Parameters, pair and run specs of a `--pair/--task/--run ...` command (`runs`, else --run, else
+    `study.runs`)."""
     from ..runs import parse_run
 
     params = load_params(args)
     specs = []
-    for text in args.run or params.study.runs:
+    for text in runs or args.run or params.study.runs:
         try:
             specs.append(parse_run(text))
         except ValueError as err:

@@ -14,7 +14,7 @@ from ..decoding.policy import TUNED_FIELDS, DecodePolicy
 from ..decoding.router import oracle_settings
 from ..runs import RunSpec, parse_run
 from .paths import router_paths, threshold_paths
-from .slims import mask_file, read_json, threshold_slim
+from .slims import load_run_models, mask_file, read_json, threshold_slim
 
 log = logging.getLogger(__name__)
 
@@ -106,3 +106,12 @@ class GridCell:
 
     def policy(self) -> DecodePolicy:
         return run_policy(self.params, self.pair, self.task, self.run)
+
+    def load_models(self, policy: DecodePolicy | None = None, device: str | None = None):
+        """The pair's models with this cell's slim verifier, on `device` (default: params.yaml's), and the
+        pair's learned router when `policy` (default: the cell's own) decides its tiers with it."""
+        policy = policy or self.policy()
+        models = load_run_models(self.params, self.params.pair(self.pair), self.run, self.inputs.get("mask"), device)
+        if policy.router == "learned":
+            models.router = load_pair_router(self.params, self.pair)
+        return models

@@ -80,15 +80,17 @@ def mask_file(params: Params, pair: str, spec: RunSpec) -> Path | None:
     return mask_paths(params, pair)[kind]
 
 
-def load_run_models(params: Params, pair: Pair, spec: RunSpec, mask: Path | None):
+def load_run_models(params: Params, pair: Pair, spec: RunSpec, mask: Path | None, device: str | None = None):
     """Target + draft of the pair, and the run's slim verifier (a routed mask or the independent model)."""
-    return load_runs_models(params, pair, {spec.name: (spec, mask)})[spec.name]
+    return load_runs_models(params, pair, {spec.name: (spec, mask)}, device)[spec.name]
 
 
-def load_runs_models(params: Params, pair: Pair, runs: dict[str, tuple[RunSpec, Path | None]]) -> dict:
+def load_runs_models(params: Params, pair: Pair, runs: dict[str, tuple[RunSpec, Path | None]],
+                     device: str | None = None) -> dict:
     """One load of the pair for several runs: `{name: (spec, mask file or None)}` -> `{name: ModelSet}`,
     each with the run's slim verifier (a routed mask, or the independent model, loaded once), all
-    sharing the target and the draft (loaded only if a run needs one)."""
+    sharing the target and the draft (loaded only if a run needs one), on `device` (default: params.yaml's
+    `models.device`)."""
     from ..decoding.routing import RoutingMask, SlimVerifier, num_decoder_layers
     from ..models import load_models
 
@@ -98,7 +100,8 @@ def load_runs_models(params: Params, pair: Pair, runs: dict[str, tuple[RunSpec, 
         if spec.routed and spec.ablation == "independent" and not pair.independent:
             raise StudyInputError(f"pair {pair.name} has no independent model (models.hub_pairs.{pair.name}.independent)")
     needs_draft = any(spec.method != "ar" for spec, _ in runs.values())
-    base = load_models(pair.target, draft=pair.draft if needs_draft else None, device=params.device, dtype=pair.dtype,
+    device = device or params.device
+    base = load_models(pair.target, draft=pair.draft if needs_draft else None, device=device, dtype=pair.dtype,
                        trust_remote_code=pair.trust_remote_code)
     n_layers = num_decoder_layers(base.target)
     independent = None
@@ -109,7 +112,7 @@ def load_runs_models(params: Params, pair: Pair, runs: dict[str, tuple[RunSpec, 
             slims.append(SlimVerifier(base.target, RoutingMask.from_json(mask, n_layers)))
         if spec.routed and spec.ablation == "independent":
             if independent is None:
-                independent = base.with_slims([]).add_independent_from(pair.independent, params.device, pair.dtype,
+                independent = base.with_slims([]).add_independent_from(pair.independent, device, pair.dtype,
                                                                         pair.trust_remote_code)
             slims.append(independent)
         out[name] = base.with_slims(slims)
