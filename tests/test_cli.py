@@ -35,7 +35,7 @@ def test_json_output_is_one_object(dirs, capsys):
                            "--gamma", "3", "--max-new-tokens", "12", "--device", "cpu", "--prompt", "def f(x):", "--json")
     assert code == 0
     data = json.loads(out)
-    assert set(data) == {"text", "token_ids", "stats", "policy"}
+    assert set(data) == {"text", "token_ids", "stats", "policy", "generation"}
     assert data["policy"]["gamma"] == 3 and data["policy"]["method"] == "viasd" and data["policy"]["tau_accept"] == 1.0
     assert len(data["token_ids"]) == data["stats"]["new_tokens"] <= 12
     assert data["stats"]["method"] == "viasd" and "rejection_rate" in data["stats"]
@@ -112,8 +112,9 @@ def bad_inputs(dirs, odd_models, tmp_path):
     bad_mask.write_text('{"keep_layers": [0, 0]}')
     return {
         "missing model": (["--target", tmp_path / "nope", "--method", "ar", "--prompt", "x"], "does not exist"),
-        "mismatched vocabulary": (["--target", target, "--draft", other, "--method", "sd", "--prompt", "x"],
-                                  "vocabulary"),
+        "a draft with another tokenizer for cascade_sd": (["--target", target, "--draft", other, "--method",
+                                                           "cascade_sd", "--keep-layers", "0", "--prompt", "x"],
+                                                          "another tokenizer than the target's runs sd and viasd"),
         "out-of-range layer": ([*base, "--keep-layers", "0,7", "--prompt", "x"], "layer 7 is out of range"),
         "duplicate layer": ([*base, "--mask", bad_mask, "--prompt", "x"], "listed twice"),
         "missing mask": ([*base, "--mask", tmp_path / "none.json", "--prompt", "x"], "does not exist"),
@@ -136,6 +137,8 @@ def bad_inputs(dirs, odd_models, tmp_path):
         "sampled oracle": ([*base, "--keep-layers", "0", "--router", "oracle", "--temperature", "1", "--prompt", "x"],
                            "greedy"),
         "no models": (["--method", "ar", "--prompt", "x"], "give the models"),
+        "not a per-token setting": ([*base, "--keep-layers", "0", "--generation", "num_beams=4", "--prompt", "x"],
+                                    "unknown generation setting num_beams"),
         "a study cell with models": (["--pair", "default", "--task", "stdlib_continuation", "--draft", draft,
                                       "--prompt", "x"], "--draft: with --pair the models"),
         "a study cell without its task": (["--pair", "default", "--prompt", "x"], "--pair needs --task"),
@@ -144,10 +147,11 @@ def bad_inputs(dirs, odd_models, tmp_path):
     }
 
 
-CASES = ["missing model", "mismatched vocabulary", "out-of-range layer", "duplicate layer", "missing mask",
-         "empty prompt", "missing prompt file", "over-long prompt", "no draft", "no mask", "encoder-decoder draft",
-         "hub id offline", "bad gamma", "bad device", "learned router without its file", "missing router file",
-         "sampled oracle", "no models", "a study cell with models", "a study cell without its task",
+CASES = ["missing model", "a draft with another tokenizer for cascade_sd", "out-of-range layer",
+         "duplicate layer", "missing mask", "empty prompt", "missing prompt file", "over-long prompt", "no draft",
+         "no mask", "encoder-decoder draft", "hub id offline", "bad gamma", "bad device",
+         "learned router without its file", "missing router file", "sampled oracle", "no models",
+         "not a per-token setting", "a study cell with models", "a study cell without its task",
          "a study cell with a bad run"]
 
 
@@ -159,6 +163,16 @@ def test_bad_input_gives_one_clear_error(dirs, odd_models, tmp_path, capsys, cas
     assert out == ""
     lines = [line for line in err.splitlines() if line.startswith("viasd: error:")]
     assert len(lines) == 1 and needle in lines[0], err
+
+
+def test_a_draft_with_another_tokenizer_from_the_command_line(dirs, odd_models, capsys):
+    """The draft's tokenizer maps ids to other tokens: its proposals go through text, the output is ar's."""
+    target, _ = dirs
+    other, _ = odd_models
+    args = ["--target", target, "--max-new-tokens", "12", "--prompt", "def f(x):", "--json", "--device", "cpu"]
+    ar = json.loads(run_cli(capsys, *args, "--method", "ar")[1])
+    sd = json.loads(run_cli(capsys, *args, "--draft", other, "--method", "sd")[1])
+    assert sd["token_ids"] == ar["token_ids"] and sd["stats"]["draft_own_tokens"] > 0
 
 
 def test_independent_intermediate_from_the_command_line(dirs, pair_dirs, capsys):

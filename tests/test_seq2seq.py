@@ -23,16 +23,23 @@ N_NEW = 20
 OFF = float("inf")
 
 
-def seq2seq_config(layout: str, decoder_layers: int, vocab: int, eos: int):
-    common = dict(vocab_size=vocab, pad_token_id=eos, eos_token_id=eos, decoder_start_token_id=eos)
+def seq2seq_config(layout: str, decoder_layers: int, vocab: int, eos: int, pad: int | None = None):
+    """A tiny config of `layout` (t5, bart, pegasus, marian); `pad`: a pad (and decoder start) token other
+    than EOS, as Marian checkpoints have."""
+    pad = eos if pad is None else pad
+    common = dict(vocab_size=vocab, pad_token_id=pad, eos_token_id=eos, decoder_start_token_id=pad)
     if layout == "t5":
         # as deep an encoder as the decoder: transformers' generate sizes a T5 cache by the encoder's depth
         return tf.T5Config(d_model=64, d_kv=16, d_ff=128, num_layers=decoder_layers, num_decoder_layers=decoder_layers,
                            num_heads=4, **common)
-    return tf.BartConfig(d_model=64, encoder_layers=2, decoder_layers=decoder_layers, encoder_attention_heads=4,
-                         decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
-                         max_position_embeddings=512, bos_token_id=eos, forced_bos_token_id=None, forced_eos_token_id=None,
-                         tie_word_embeddings=False, **common)
+    bart_like = dict(d_model=64, encoder_layers=2, decoder_layers=decoder_layers, encoder_attention_heads=4,
+                     decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=512,
+                     tie_word_embeddings=False, **common)
+    if layout == "pegasus":
+        return tf.PegasusConfig(**bart_like)
+    if layout == "marian":
+        return tf.MarianConfig(share_encoder_decoder_embeddings=True, **bart_like)
+    return tf.BartConfig(bos_token_id=eos, forced_bos_token_id=None, forced_eos_token_id=None, **bart_like)
 
 
 def _sharpen(model, layout: str) -> None:
@@ -48,13 +55,14 @@ def _sharpen(model, layout: str) -> None:
             model.get_output_embeddings().weight.mul_(25.0)
 
 
-def build_seq2seq_pair(root, layout, tokenizer, layers=4, seed=0, noise=0.3, damping=0.5):
+def build_seq2seq_pair(root, layout, tokenizer, layers=4, seed=0, noise=0.3, damping=0.5, generation=None, pad=None):
     """A random encoder-decoder target (its decoder layers after the first damped, its output sharpened)
     and a one-decoder-layer draft made of the target's encoder, embeddings, first decoder layer, final
-    norm and head with noise on its decoder: acceptance is neither 0 nor 1."""
+    norm and head with noise on its decoder: acceptance is neither 0 nor 1. `generation`: fields of the
+    generation config saved with both, as a checkpoint ships them."""
     torch.manual_seed(seed)
     eos = tokenizer.eos_token_id
-    target = tf.AutoModelForSeq2SeqLM.from_config(seq2seq_config(layout, layers, len(tokenizer), eos))
+    target = tf.AutoModelForSeq2SeqLM.from_config(seq2seq_config(layout, layers, len(tokenizer), eos, pad))
     _sharpen(target, layout)
     with torch.no_grad():
         for name, param in target.named_parameters():
@@ -62,7 +70,7 @@ def build_seq2seq_pair(root, layout, tokenizer, layers=4, seed=0, noise=0.3, dam
             if index and int(index.group(1)) >= 1 and param.dim() == 2:
                 param.mul_(damping)
     torch.manual_seed(seed + 1)
-    draft = tf.AutoModelForSeq2SeqLM.from_config(seq2seq_config(layout, 1, len(tokenizer), eos))
+    draft = tf.AutoModelForSeq2SeqLM.from_config(seq2seq_config(layout, 1, len(tokenizer), eos, pad))
     draft.load_state_dict({k: v for k, v in target.state_dict().items() if k in draft.state_dict()}, strict=False)
     with torch.no_grad():
         for name, param in draft.named_parameters():
@@ -70,6 +78,10 @@ def build_seq2seq_pair(root, layout, tokenizer, layers=4, seed=0, noise=0.3, dam
                 param.add_(noise * param.std() * torch.randn_like(param))
     dirs = []
     for role, model in (("target", target), ("draft", draft)):
+        if generation:
+            special = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+            model.generation_config = tf.GenerationConfig(
+                **{k: getattr(model.config, k) for k in special if getattr(model.config, k, None) is not None}, **generation)
         path = root / f"{layout}-{role}"
         model.save_pretrained(path)
         tokenizer.save_pretrained(path)

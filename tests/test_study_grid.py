@@ -121,6 +121,7 @@ def test_shared_optuna_storage_is_seen_by_another_worker(tmp_path):
     ({"models": {"hub_pairs": {"hp": {"target": "org/t", "draft": "org/d"}}}, "study": {"pairs": ["hp"],
       "runs": ["viasd-independent"]}}, "models.hub_pairs.hp.independent is not set"),
     ({"decode": {"split": "train"}}, "decode.split: 'train' is not one of"),
+    ({"decode": {"generation": {"num_beams": 4}}}, "decode.generation: Additional properties are not allowed ('num_beams'"),
     ({"models": {"device": "gpu0"}}, "models.device: 'gpu0' does not match"),
 ])
 def test_study_section_errors_name_the_key(tmp_path, change, message):

@@ -50,7 +50,9 @@ def test_a_stage_run_is_open_while_it_runs_and_failed_with_the_error_on_a_crash(
     assert main(["decode", "--params", str(path), "--task", "stdlib_continuation", "--run", "sd"]) == 2
     assert "viasd: error:" in capsys.readouterr().err
     client = MlflowClient(uri)
-    runs = client.search_runs([client.get_experiment_by_name("viasd-smoke").experiment_id])
+    experiment = client.get_experiment_by_name("viasd-smoke")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens on its runs
+    runs = client.search_runs([experiment.experiment_id])
     assert len(runs) == 1
     run = runs[0]
     assert run.info.status == "FAILED" and run.info.run_name == "decode/stdlib_continuation/sd"

@@ -24,12 +24,13 @@ MUST_MATCH = ("ar", "sd", "cascade_sd", "hf_ar", "hf_assisted", "hf_assisted_fix
 
 
 def quality_of(models: ModelSet, prompts: list[list[int]], tokens: dict[str, list[list[int]]],
-               references: list[str] | None = None, metric: str | None = None) -> dict[str, dict]:
+               references: list[str] | None = None, metric: str | None = None, policy=None) -> dict[str, dict]:
     """Per method: `fidelity` and `nll` of its outputs under the target (one teacher-forced pass per
-    output) and, with `references` and `metric`, the task metric of its texts and `task_drop` in points
-    against the reference method's (`ar`, else `hf_ar`): the quality beside every speed figure."""
+    output; as `policy` processes it, with its generation settings) and, with `references` and `metric`,
+    the task metric of its texts and `task_drop` in points against the reference method's (`ar`, else
+    `hf_ar`): the quality beside every speed figure."""
+    from .decoding.policy import DecodePolicy
     from .evaluation import metric_score
-    from .metrics.model_metrics import score_outputs
     from .metrics.quality import task_drop
     from .tasks.base import Example, TaskSpec
 
@@ -37,7 +38,7 @@ def quality_of(models: ModelSet, prompts: list[list[int]], tokens: dict[str, lis
     examples = [Example(id=str(i), prompt="", reference=r) for i, r in enumerate(references or [])]
     out: dict[str, dict] = {}
     for name, outs in tokens.items():
-        scores, _ = score_outputs(models.target, prompts, outs, models.vocab_size)
+        scores, _ = models.score(prompts, outs, policy or DecodePolicy(generation_config=False))
         out[name] = {"fidelity": scores["fidelity"], "nll": scores["nll"]}
         if scored:
             texts = [models.tokenizer.decode(o, skip_special_tokens=True) for o in outs]

@@ -34,6 +34,7 @@ import torch
 
 from .bench_outputs import check_outputs, quality_of, tie_gap  # noqa: F401 (re-exported)
 from .decoding.policy import METHODS, DecodePolicy
+from .decoding.processors import ProcessorSettings, resolve
 from .decoding.router import headroom_share, oracle_settings
 from .decoding.seq2seq import is_encoder_decoder
 from .decoding.stats import DecodeStats
@@ -109,12 +110,25 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def hf_generate(models: ModelSet, max_new_tokens: int, assistant: bool, assistant_tokens: int | None = None) -> Callable:
-    """`prompt ids -> new ids` through `transformers`' own generate (greedy, no EOS stop)."""
+def _vocab_size(model) -> int:
+    return model.config.get_text_config().vocab_size
+
+
+def hf_generate(models: ModelSet, max_new_tokens: int, assistant: bool, assistant_tokens: int | None = None,
+                settings: ProcessorSettings | None = None) -> Callable:
+    """`prompt ids -> new ids` through `transformers`' own generate (greedy, no EOS stop), with the per-token
+    generation `settings` our methods decode with, and no other of the target's generation config's
+    (`generate` would fill every unset field from it)."""
     from transformers import GenerationConfig
 
     config = GenerationConfig(max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=False, eos_token_id=None,
-                              pad_token_id=0, use_cache=True)
+                              pad_token_id=0, use_cache=True, **(settings or ProcessorSettings()).as_dict())
+    if assistant and models.cross_vocab and _vocab_size(models.target) == _vocab_size(models.draft):
+        raise BenchError("the draft has another tokenizer than the target's but as many tokens, and transformers' "
+                         "universal assisted generation tells tokenizers apart by vocabulary size: leave hf_assisted out")
+    own_config = models.target.generation_config
+    bare = GenerationConfig(**{k: getattr(own_config, k, None) for k in
+                               ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")})
     device = next(models.target.parameters()).device
     assistant_config = None
     if assistant and assistant_tokens is not None:
@@ -129,12 +143,16 @@ def hf_generate(models: ModelSet, max_new_tokens: int, assistant: bool, assistan
     def run(prompt: list[int]) -> list[int]:
         ids = torch.tensor([prompt], device=device)
         kwargs = {"assistant_model": models.draft} if assistant else {}
+        if assistant and models.cross_vocab:  # transformers' universal assisted generation
+            kwargs.update(tokenizer=models.tokenizer, assistant_tokenizer=models.draft_tokenizer)
         own = models.draft.generation_config if assistant else None
         if assistant_config is not None:
             models.draft.generation_config = assistant_config
+        models.target.generation_config = bare
         try:
             out = models.target.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config, **kwargs)
         finally:
+            models.target.generation_config = own_config
             if own is not None:
                 models.draft.generation_config = own
         # a decoder-only model returns prompt + new tokens; an encoder-decoder model the decoder start + new
@@ -175,10 +193,20 @@ def method_table(models: ModelSet, names: list[str], gamma: int, max_new_tokens:
     return out
 
 
-def _runner(models: ModelSet, method: BenchMethod, max_new_tokens: int) -> Callable:
+def _runner(models: ModelSet, method: BenchMethod, max_new_tokens: int, settings: ProcessorSettings) -> Callable:
     if method.policy is not None:
         return lambda prompt: models.generate(prompt, method.policy)
-    return hf_generate(models, max_new_tokens, assistant=method.name != "hf_ar", assistant_tokens=method.assistant_tokens)
+    return hf_generate(models, max_new_tokens, assistant=method.name != "hf_ar", assistant_tokens=method.assistant_tokens,
+                       settings=settings)
+
+
+def generation_settings(models: ModelSet, methods: list[BenchMethod]) -> ProcessorSettings:
+    """The generation settings our methods decode with (the same in every policy of a benchmark), which
+    `transformers`' methods get too."""
+    policy = next((m.policy for m in methods if m.policy is not None), None)
+    if policy is None:
+        return ProcessorSettings.from_generation_config(models.target.generation_config)
+    return resolve(models.target, policy.generation_config, policy.generation, policy.sampling.greedy)
 
 
 def run_benchmark(models: ModelSet, prompts: list[list[int]], methods: list[BenchMethod], max_new_tokens: int,
@@ -191,10 +219,11 @@ def run_benchmark(models: ModelSet, prompts: list[list[int]], methods: list[Benc
     from tqdm.auto import tqdm
 
     device = next(models.target.parameters()).device
-    runners = {m.name: _runner(models, m, max_new_tokens) for m in methods}
+    settings = generation_settings(models, methods)
+    runners = {m.name: _runner(models, m, max_new_tokens, settings) for m in methods}
     # timed rounds: no per-model synchronisation on a GPU (round 0 measures per-model times)
     timed = {m.name: _runner(models, replace(m, policy=replace(m.policy, exact_timing=False)) if m.policy else m,
-                             max_new_tokens) for m in methods}
+                             max_new_tokens, settings) for m in methods}
     tokens: dict[str, list[list[int]]] = {}
     stats: dict[str, DecodeStats] = {}
     counts: dict[str, dict] = {}
@@ -227,7 +256,8 @@ def run_benchmark(models: ModelSet, prompts: list[list[int]], methods: list[Benc
             raise BenchError(f"{name} made {len(outs[short[0]])} tokens on prompt {short[0]}, not {max_new_tokens}: "
                              "the prompt plus max_new_tokens exceeds the model's context")
     ties = check_outputs(models, prompts, tokens)
-    quality = quality_of(models, prompts, tokens, references, metric)
+    # every method's policy carries the same generation settings: the target as they process it scores all
+    quality = quality_of(models, prompts, tokens, references, metric, next((m.policy for m in methods if m.policy), None))
     # timed rounds, alternating order
     seconds: dict[str, list[float]] = {m.name: [] for m in methods}
     n_tokens = max_new_tokens * len(prompts)

@@ -222,10 +222,14 @@ class DecodeParams:
     reuse: bool = False
     cache: str = "inplace"           # decoding.policy.DEFAULT_CACHE (tests/test_config.py checks they agree)
     compile: bool = False
+    generation_config: bool = True   # apply the target's generation config (decoding/processors.py)
+    generation: dict = field(default_factory=dict)  # per-token generation settings over it
 
     def engine(self) -> dict:
-        """The engine options of our methods: `cache`, `compile`, `reuse`."""
-        return {"cache": self.cache, "compile": self.compile, "reuse": self.reuse}
+        """The options of our methods that are not the method's own: the engine's (`cache`, `compile`,
+        `reuse`) and the generation settings every model's distributions are processed with."""
+        return {"cache": self.cache, "compile": self.compile, "reuse": self.reuse,
+                "generation_config": self.generation_config, "generation": dict(self.generation)}
 
     def spec_cascade(self) -> dict:
         return {"rule": self.cascade_rule, "alpha": self.cascade_alpha}

@@ -130,6 +130,16 @@ def _mismatched_ids(tokenizer, draft_tokenizer, limit: int) -> list[tuple[int, s
                   if target_map[i] != draft_map[i])
 
 
+def other_vocabulary(target: nn.Module, draft: nn.Module | None, tokenizer, draft_tokenizer) -> bool:
+    """Whether the draft speaks another vocabulary: both tokenizers known, and some id both output layers
+    emit maps to another token in each (`shared_vocab_size` then does not apply)."""
+    if draft is None or tokenizer is None or draft_tokenizer is None:
+        return False
+    if is_encoder_decoder(target):
+        return False  # not supported for encoder-decoder pairs: shared_vocab_size's error names the mismatch
+    return bool(_mismatched_ids(tokenizer, draft_tokenizer, min(output_vocab(target), output_vocab(draft))))
+
+
 def shared_vocab_size(target: nn.Module, draft: nn.Module | None, tokenizer=None, draft_tokenizer=None) -> int:
     """The ids both models can emit and decoding uses; logits are cut to it (embeddings are often padded).
 
@@ -186,7 +196,13 @@ class ModelSet:
     def __post_init__(self):
         if self.draft is not None:
             _same_kind(self.target, self.draft, "draft")
-        self.vocab_size = shared_vocab_size(self.target, self.draft, self.tokenizer, self.draft_tokenizer)
+        # a draft whose tokenizer maps ids to other tokens: its proposals are carried through text
+        # (decoding/text_draft.py); a shared vocabulary is the fast path
+        self.cross_vocab = other_vocabulary(self.target, self.draft, self.tokenizer, self.draft_tokenizer)
+        if self.cross_vocab:
+            log.info("the draft has its own tokenizer: its proposals are carried into the target's tokens through text")
+        self.vocab_size = shared_vocab_size(self.target, None if self.cross_vocab else self.draft, self.tokenizer,
+                                            self.draft_tokenizer)
 
     def with_slims(self, slims: Sequence[SlimVerifier | IndependentVerifier]) -> ModelSet:
         """The same target, draft and tokenizers (shared, not copied) with `slims` as the verifiers: one
@@ -231,6 +247,17 @@ class ModelSet:
             raise PromptError("the prompt is empty: give some text to continue")
         return self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
 
+    def eos_token_ids(self, policy: DecodePolicy) -> tuple[int, ...]:
+        """The tokens that end a decode with `policy`: its own, else the target's."""
+        return tuple(policy.eos_token_ids) if policy.eos_token_ids is not None else eos_ids(self.target, self.tokenizer)
+
+    def score(self, prompts: list[list[int]], outputs: list[list[int]], policy: DecodePolicy) -> tuple[dict, list]:
+        """Fidelity and NLL of each output under the target as `policy` decodes with it (its generation
+        config's processors included): `metrics.model_metrics.score_outputs`."""
+        from .metrics.model_metrics import score_outputs
+
+        return score_outputs(self.target, prompts, outputs, self.vocab_size, policy, self.eos_token_ids(policy))
+
     def generate(self, prompt: str | Sequence[int], policy: DecodePolicy | None = None,
                  router_rows: RouterRows | None = None, **overrides) -> DecodeResult:
         """Decode a text prompt (or token ids) and return new token ids, text and statistics (`router_rows`:
@@ -241,9 +268,10 @@ class ModelSet:
 
             policy = replace(policy, **overrides)
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        eos = policy.eos_token_ids if policy.eos_token_ids is not None else eos_ids(self.target, self.tokenizer)
+        eos = self.eos_token_ids(policy)
         result = decode(ids, policy, self.target, self.vocab_size, draft=self.draft, slims=self.slims,
-                        tokenizer=self.tokenizer, eos_token_ids=eos, router=self.router, router_rows=router_rows)
+                        tokenizer=self.tokenizer, eos_token_ids=eos, router=self.router, router_rows=router_rows,
+                        draft_tokenizer=self.draft_tokenizer if self.cross_vocab else None)
         if self.tokenizer is not None:
             result.text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
         return result

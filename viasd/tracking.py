@@ -295,8 +295,12 @@ def record_children(root: Path, experiment: str, parent_id: str, children: list[
         _retrying(partial(log, run_id, params, metrics), "record a trial")
 
 
+# the MLflow UI (3.x) opens an experiment on what its kind says: traces for GenAI, runs for model development
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
+
+
 def _create_experiment(client, name: str) -> str:
     try:
-        return client.create_experiment(name)
+        return client.create_experiment(name, tags=EXPERIMENT_TAGS)
     except Exception:  # created meanwhile by a parallel job
         return client.get_experiment_by_name(name).experiment_id

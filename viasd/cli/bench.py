@@ -7,7 +7,7 @@ import json
 
 from ..decoding.policy import CACHE_KINDS
 from ..errors import ViasdError
-from .common import add_pair, load_params, stage_parser, track
+from .common import add_generation_args, add_pair, load_params, stage_parser, track
 
 
 def add_bench(sub) -> None:
@@ -31,6 +31,7 @@ def add_bench(sub) -> None:
                    help="torch.compile our methods' models (default: decode.compile); compiled in the warm-up round")
     p.add_argument("--reuse", action=argparse.BooleanOptionalAction, default=None,
                    help="viasd: the slim's shared layers computed once for the full model too (default: decode.reuse)")
+    add_generation_args(p)
     p.add_argument("--sweep", metavar="KIND=V1,V2,...",
                    help="scaling run instead: gamma=1,2,4,8 | length=64,128,256,512 | prompt=32,128,384 | "
                         "position=100,500,1000; or `frontier`: tokens/s vs fidelity and the task metric for ar, sd, "
@@ -52,7 +53,8 @@ def _bench(args) -> int:
 
     chosen = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
     pair = params.pair(args.pair)
-    engine = {"cache": args.cache, "compile": args.compile, "reuse": args.reuse}  # None: decode.*
+    engine = {"cache": args.cache, "compile": args.compile, "reuse": args.reuse,  # None: decode.*
+              "generation_config": args.generation_config, "generation": dict(args.generation) or None}
     if args.sweep == "frontier":
         out = run_sweep(params, pair.name, args.task, "frontier", [], args.prompts, args.max_new_tokens, args.repeats,
                         args.gamma, args.device, args.dtype, engine=engine)

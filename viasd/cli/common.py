@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
@@ -150,3 +151,29 @@ def grid_cells(args, runs: list[str] | None = None):
     if args.task not in params.tasks:
         raise ViasdError(f"--task {args.task!r} is not a task of params.yaml (tasks: {', '.join(params.tasks)})")
     return params, params.pair(args.pair), list(dict.fromkeys(specs))
+
+
+def _setting(text: str) -> tuple[str, object]:
+    """`KEY=VALUE` with a YAML value (a number, a list, null)."""
+    import yaml
+
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key.strip(), yaml.safe_load(value)
+    except yaml.YAMLError:
+        raise argparse.ArgumentTypeError(f"{key.strip()}: {value!r} is not a value (a number, a list, null)") from None
+
+
+def add_generation_args(p) -> None:
+    """--generation-config/--no-generation-config and --generation KEY=VALUE (decoding/processors.py)."""
+    p.add_argument("--generation-config", action=argparse.BooleanOptionalAction,
+                   help="apply the per-token settings of the target's generation config (forced BOS/EOS, min length, "
+                        "suppressed and banned tokens, no_repeat_ngram_size, repetition_penalty) as transformers' "
+                        "generate does (default: on, or params.yaml's decode.generation_config; "
+                        "--no-generation-config: raw logits)")
+    p.add_argument("--generation", action="append", default=[], metavar="KEY=VALUE", type=_setting,
+                   help="one of those settings over the generation config's (and params.yaml's decode.generation), "
+                        "e.g. no_repeat_ngram_size=3, repetition_penalty=1.2, 'bad_words_ids=[[5], [7, 8]]'; may be "
+                        "repeated")

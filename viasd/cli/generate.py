@@ -13,8 +13,10 @@ from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 from ..decoding.policy import CACHE_KINDS, ROUTERS, DecodePolicy
+from ..decoding.processors import ProcessorSettings, resolve
 from ..decoding.sampling import SamplingConfig
 from ..errors import ViasdError
+from .common import add_generation_args, grid_cells
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +29,7 @@ SAMPLING = ("temperature", "top_k", "top_p")
 # the policy options: absent ones keep DecodePolicy's defaults, or with --pair the cell's policy
 POLICY_FLAGS = ("gamma", *SAMPLING, "seed", "max_new_tokens", "tau_accept", "tau_slim", "score", "confidence",
                 "max_lag", "gate", "verify_lagged", "verify_block", "router", "oracle_budget", "cache", "reuse",
-                "compile", "rule", "alpha", "gamma_slim")
+                "compile", "rule", "alpha", "gamma_slim", "generation_config")
 
 
 def _float(text: str) -> float:
@@ -52,7 +54,9 @@ def add_generate(sub) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-file", type=Path, help="file holding the prompt text")
-    p.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats, policy")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object: text, token_ids, stats, policy, and the generation settings applied "
+                        "(the generation config's with overrides)")
     p.set_defaults(func=_generate)
 
 
@@ -126,6 +130,7 @@ def _add_policy(p) -> None:
     d.add_argument("--rule", choices=SPEC_CASCADE_RULES, help="spec_cascade deferral rule" + _default("rule"))
     d.add_argument("--alpha", type=float, help="spec_cascade lenience" + _default("alpha"))
     d.add_argument("--gamma-slim", type=int, help="cascade_sd: slim-level tokens per full verification")
+    add_generation_args(d)
 
 
 def _read_prompt(args) -> str:
@@ -153,6 +158,8 @@ def policy_overrides(args, base: DecodePolicy) -> dict:
         given["sampling"] = replace(base.sampling, **sampling)
     if args.stop:
         given["stop_strings"] = tuple(dict.fromkeys(base.stop_strings + tuple(args.stop)))
+    if args.generation:
+        given["generation"] = ProcessorSettings.parse(dict(args.generation)).over(base.generation)
     return given
 
 
@@ -193,7 +200,6 @@ def _study_cell(args):
     """Policy and models of one study cell (`study.cells.GridCell`), with the command line's overrides."""
     from ..study.cells import GridCell
     from ..tasks import get_task
-    from .common import grid_cells
 
     given = [flag for dest, flag in MODEL_FLAGS.items() if getattr(args, dest) not in (None, [], False, "auto")]
     if given:
@@ -228,8 +234,9 @@ def _generate(args) -> int:
     policy, models = _study_cell(args) if args.pair else _direct(args)
     result = models.generate(prompt, policy)
     if args.json:
+        applied = resolve(models.target, policy.generation_config, policy.generation, policy.sampling.greedy)
         print(json.dumps({"text": result.text, "token_ids": result.token_ids, "stats": result.stats.as_dict(),
-                          "policy": policy_record(policy)}))
+                          "policy": policy_record(policy), "generation": applied.as_dict()}))
     else:
         print(result.text)
         print("---", file=sys.stderr)

@@ -21,6 +21,7 @@ from .intermediate import IndependentVerifier
 from .kv_cache import model_cache
 from .methods import viasd as viasd_method
 from .policy import DecodePolicy
+from .processors import build, resolve
 from .reuse import ExitRunner, RestRunner, TrunkRunner, shared_prefix
 from .router import LearnedRouter, RouterRows
 from .routing import SlimVerifier
@@ -29,6 +30,7 @@ from .sampling import Sampler
 from .seq2seq import decoder_start_id, encode, is_encoder_decoder, text_config
 from .stats import DecodeStats
 from .stopping import StopRule
+from .text_draft import TextDraft
 
 LOOP = "loop"  # the pseudo-layout of the decode loop's per-block work in `DecodeStats.pass_widths`
 
@@ -55,8 +57,9 @@ class DecodeSession:
     def __init__(self, prompt_ids: Sequence[int], policy: DecodePolicy, target: nn.Module, vocab_size: int,
                  draft: nn.Module | None = None, slims: Sequence[SlimVerifier | IndependentVerifier] = (), tokenizer=None,
                  eos_token_ids: Sequence[int] = (), router: LearnedRouter | None = None,
-                 router_rows: RouterRows | None = None):
+                 router_rows: RouterRows | None = None, draft_tokenizer=None):
         self.policy = policy
+        self.vocab_size = vocab_size
         device = next(target.parameters()).device
         self.device = device
         prompt = list(prompt_ids)
@@ -86,8 +89,11 @@ class DecodeSession:
         self.stop = StopRule(policy.max_new_tokens, eos_token_ids, policy.stop_strings, tokenizer)
         self.stats = DecodeStats(method=policy.method, prompt_tokens=len(encoder_prompt or prompt))
 
-        self._make_runners(policy, target, draft, slims, vocab_size, capacity)
-        self.runners = [r for r in (self.draft, self.trunk, *self.slims, self.target) if r is not None]
+        # a draft with another tokenizer proposes through text (text_draft.py), with a sequence of its own
+        self.text_draft = _text_draft(policy, draft, draft_tokenizer, tokenizer, self.seq2seq)
+        self._make_runners(policy, target, None if self.text_draft else draft, slims, vocab_size, capacity)
+        own = self.text_draft.runner if self.text_draft else None
+        self.runners = [r for r in (self.draft, own, self.trunk, *self.slims, self.target) if r is not None]
         self.router = self.peek = None  # viasd's learned router, or the oracle's peek runner
         self.router_rows = router_rows
         self.oracle_wrong = 0  # tokens the budgeted oracle settled although they were wrong
@@ -95,9 +101,16 @@ class DecodeSession:
             viasd_method.set_up(self, target, vocab_size, capacity, router)
         # the method's runners and the oracle's peek runner (kept out of `runners`: its passes are not the
         # method's), for what every cache needs: start, the prompt's encoding, rollback
-        self.every_runner = [*self.runners, *([self.peek] if self.peek is not None else [])]
+        self.every_runner = [*(r for r in self.runners if r is not own), *([self.peek] if self.peek is not None else [])]
+        # the target's generation config (forced tokens, minimum lengths, banned n-grams, ...) shapes every
+        # model's distributions, row by row with each row's prefix (processors.py)
+        settings = resolve(target, policy.generation_config, policy.generation, policy.sampling.greedy)
+        self.processors = build(settings, self.prompt_len, policy.max_new_tokens, eos_token_ids, device)
         for r in self.every_runner:
+            r.processors = self.processors
             r.start()
+        if self.text_draft is not None:
+            self.text_draft.start()
         if self.seq2seq:
             self._encode(torch.tensor([encoder_prompt], dtype=torch.long, device=device))
 
@@ -199,6 +212,8 @@ class DecodeSession:
         Returns `x`: LongTensor `[g]` (also written into `ids`) and the draft's logits `[g, V]`.
         The draft's first pass catches up every token it has not seen, in parallel.
         """
+        if self.text_draft is not None:
+            return self._text_draft_tokens(g)
         start = self.length if start is None else start
         rows = []
         for k in range(g):
@@ -206,6 +221,17 @@ class DecodeSession:
             self.ids[0, start + k] = self.sampler.pick(logits)
             rows.append(logits)
         return self.ids[0, start : start + g].clone(), torch.stack(rows)
+
+    def _text_draft_tokens(self, g: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Up to `g` proposals of a draft with another tokenizer, carried through text (`text_draft.py`):
+        `x` `[k]` (written into `ids`), k <= g, and one-hot rows `[k, V]` (log-probabilities 0 at `x_i`,
+        -inf elsewhere): each proposal is a point mass for the acceptance test."""
+        tokens = self.text_draft.propose(self.ids[0, : self.length].tolist(), g)
+        x = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        self.ids[0, self.length : self.length + len(tokens)] = x
+        rows = torch.full((len(tokens), self.vocab_size), float("-inf"), device=self.device)
+        rows[torch.arange(len(tokens), device=self.device), x] = 0.0
+        return x, rows
 
     def commit(self, n_keep: int, token: torch.Tensor | int) -> None:
         """Keep the first `n_keep` block tokens, append `token`, roll every cache back, apply stop rules."""
@@ -243,6 +269,8 @@ class DecodeSession:
             stats.peek_passes, stats.peek_time_s = self.peek.passes, self.peek.seconds
             stats.wall_time_s -= self.peek.seconds
         stats.new_tokens = len(self.generated)
+        if self.text_draft is not None:
+            stats.draft_own_tokens = self.text_draft.own_tokens
         for r in self.runners:
             stats.passes[r.name] = r.passes
             stats.tokens_processed[r.name] = r.tokens
@@ -260,15 +288,30 @@ class DecodeSession:
         return DecodeResult(list(self.generated), stats)
 
 
+def _text_draft(policy: DecodePolicy, draft: nn.Module | None, draft_tokenizer, tokenizer, seq2seq: bool):
+    """The `TextDraft` of a draft with its own tokenizer, or None (a draft sharing the target's vocabulary)."""
+    if draft is None or draft_tokenizer is None:
+        return None
+    if policy.method not in ("sd", "viasd"):
+        raise PolicyError(f"a draft with another tokenizer than the target's runs sd and viasd, not {policy.method}: its "
+                          "proposals have no distribution over the target's vocabulary, which that method's test needs")
+    if seq2seq or tokenizer is None:
+        raise PolicyError("a draft with another tokenizer needs a decoder-only pair and the target's tokenizer")
+    size = min(draft.get_output_embeddings().weight.shape[0], len(draft_tokenizer))
+    return TextDraft(draft, draft_tokenizer, tokenizer, lambda: model_cache(draft, "dynamic"), size, policy.exact_timing)
+
+
 def decode(prompt_ids: Sequence[int], policy: DecodePolicy, target: nn.Module, vocab_size: int,
            draft: nn.Module | None = None, slims: Sequence[SlimVerifier | IndependentVerifier] = (), tokenizer=None,
            eos_token_ids: Sequence[int] = (), router: LearnedRouter | None = None,
-           router_rows: RouterRows | None = None) -> DecodeResult:
+           router_rows: RouterRows | None = None, draft_tokenizer=None) -> DecodeResult:
     """Decode `prompt_ids` with `policy.method`: `(models, prompt, policy) -> (tokens, stats)`. Pure:
     no files, no tracking. Greedy results are deterministic; sampled ones are fixed by `policy.seed`.
 
     `router`: the fitted router of `policy.router == "learned"`. `router_rows`: with the oracle router,
-    every block's router features and oracle labels are appended to it (the router's training data)."""
+    every block's router features and oracle labels are appended to it (the router's training data).
+    `draft_tokenizer`: the draft's own tokenizer when it is not the target's (`tokenizer`): its proposals
+    are then carried through text (`text_draft.py`)."""
     from .methods import BLOCKS
 
     if policy.needs_draft and draft is None:
@@ -277,6 +320,7 @@ def decode(prompt_ids: Sequence[int], policy: DecodePolicy, target: nn.Module, v
         raise PolicyError(f"method {policy.method!r} needs a slim verifier (a routing mask over the target's layers)")
     session = DecodeSession(prompt_ids, policy, target, vocab_size, draft=draft if policy.needs_draft else None,
                             slims=slims if policy.needs_slim else (), tokenizer=tokenizer,
-                            eos_token_ids=eos_token_ids, router=router, router_rows=router_rows)
+                            eos_token_ids=eos_token_ids, router=router, router_rows=router_rows,
+                            draft_tokenizer=draft_tokenizer if policy.needs_draft else None)
     with torch.inference_mode():
         return session.run(BLOCKS[policy.method])

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..errors import PolicyError
+from .processors import ProcessorSettings
 from .sampling import SamplingConfig
 
 METHODS = ("ar", "sd", "cascade_sd", "spec_cascade", "viasd")
@@ -53,6 +54,10 @@ class DecodePolicy:
     DynamicCache, grows by concatenation) or `static` (transformers' StaticCache; attention spans the
     whole buffer; not for sliding-window models). All three give the same tokens. `compile`: run the
     models through `torch.compile(dynamic=True)` (`compilation.py`; compiled once per model and process).
+    `generation_config`: apply the per-token settings of the target's generation config (forced BOS/EOS,
+    minimum lengths, suppressed and banned tokens, no repeated n-grams, repetition penalty; see
+    `processors.py`) to every model's distributions, as `transformers.generate` does; `generation`: settings
+    on top of it (a `ProcessorSettings`, or a mapping of its fields).
     """
 
     method: str = "viasd"
@@ -79,6 +84,8 @@ class DecodePolicy:
     exact_timing: bool = True
     cache: str = DEFAULT_CACHE
     compile: bool = False
+    generation_config: bool = True
+    generation: ProcessorSettings = field(default_factory=ProcessorSettings)
 
     def __post_init__(self):
         from .tiers import CONFIDENCES, SCORES
@@ -123,6 +130,10 @@ class DecodePolicy:
                 object.__setattr__(self, name, _as_levels(value, 1, name)[0])
             elif isinstance(value, list):
                 object.__setattr__(self, name, tuple(float(v) for v in value))
+        if not isinstance(self.generation_config, bool):
+            raise PolicyError(f"generation_config must be true or false, got {self.generation_config!r}")
+        if isinstance(self.generation, dict):
+            object.__setattr__(self, "generation", ProcessorSettings.parse(self.generation))
         if self.gamma_slim is not None and self.gamma_slim < 1:
             raise PolicyError(f"gamma_slim must be a positive integer, got {self.gamma_slim}")
         taus = self.tau_accept if isinstance(self.tau_accept, (list, tuple)) else (self.tau_accept,)

@@ -243,4 +243,4 @@ class ExitRunner(ModelRunner):
             logits = logits[0, :, : self.vocab_size].float()
         self.tokens += upto - self.cached
         self.cached = upto
-        return logits
+        return self.process(ids, upto, logits)

@@ -42,6 +42,8 @@ class ModelRunner:
         self.layers = (decoder_depth(text_config(model)) or 0) if layers is None else layers
         # an encoder-decoder model: the prompt's encoder outputs, set by the session once the prompt is encoded
         self.encoder_outputs = None
+        # the generation config's logits processors (`processors.RowProcessor`), set by the session
+        self.processors = None
 
     def start(self) -> None:
         """A fresh, empty cache (sliding-window layers record the past so that rollback is exact)."""
@@ -68,7 +70,12 @@ class ModelRunner:
         self.cached = upto
         self._fed_since_trim += count
         self.tokens += count
-        return logits
+        return self.process(ids, upto, logits)
+
+    def process(self, ids: torch.Tensor, upto: int, logits: torch.Tensor) -> torch.Tensor:
+        """The rows `[n, V]` of positions `upto-n..upto-1`, each through the generation config's processors
+        with its own prefix (unchanged without processors)."""
+        return logits if self.processors is None else self.processors(ids, upto, logits)
 
     @contextmanager
     def timed(self, width: int):

@@ -41,6 +41,9 @@ class DecodeStats:
     new_tokens: int = 0
     blocks: int = 0  # draft/verify cycles
     drafted: int = 0
+    # a draft with another tokenizer: the tokens it generated in its own vocabulary (`drafted` counts its
+    # proposals, those tokens re-tokenised into the target's vocabulary through text)
+    draft_own_tokens: int = 0
     verified: int = 0  # per block: positions up to and including the first non-accepted one
     accepted_direct: int = 0  # tier 1 (sum over slim levels)
     accepted_slim: int = 0  # tier 2: the slim verifier's choice was the draft token itself

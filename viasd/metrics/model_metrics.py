@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -31,30 +33,42 @@ def _next_token_logits(target, prompt_ids: list[int], tokens: list[int]) -> torc
 
 
 @torch.inference_mode()
-@torch.inference_mode()
-def teacher_forced(target, prompt_ids: list[int], tokens: list[int], vocab_size: int | None = None) -> dict | None:
+def teacher_forced(target, prompt_ids: list[int], tokens: list[int], vocab_size: int | None = None,
+                   policy=None, eos_token_ids: Sequence[int] = ()) -> dict | None:
     """One parallel pass of the target over `prompt + tokens` (teacher forcing).
 
     Returns `{"fidelity", "nll", "tokens"}`: `fidelity` is the share of `tokens` equal to the target's
     greedy choice *given the generated prefix* (`tokens[t] == argmax q(. | prompt, tokens[:t])`), so a
     lossy token counts once and does not poison the rest of the sequence; `nll` is the target's mean
-    negative log-likelihood of `tokens` (nats/token). None for an empty output.
+    negative log-likelihood of `tokens` (nats/token). None for an empty output. With the `DecodePolicy`
+    the tokens were decoded with, `q` is the target as that decode processed it (its generation config's
+    processors, each row with its own prefix; `eos_token_ids` as the decode's).
     """
+    from ..decoding.processors import build, resolve
+    from ..decoding.seq2seq import decoder_start_id, is_encoder_decoder
+
     if not tokens:
         return None
     logits = _next_token_logits(target, prompt_ids, tokens)  # [n, V]
     if vocab_size is not None:
         logits = logits[:, :vocab_size]
     logits = logits.float()
+    if policy is not None:
+        settings = resolve(target, policy.generation_config, policy.generation, policy.sampling.greedy)
+        prefix = [decoder_start_id(target)] if is_encoder_decoder(target) else list(prompt_ids)
+        processors = build(settings, len(prefix), policy.max_new_tokens, eos_token_ids, logits.device)
+        if processors is not None:  # row t: the prefix up to tokens[t - 1]
+            ids = torch.tensor([prefix + list(tokens)], device=logits.device)
+            logits = processors(ids, len(prefix) + len(tokens) - 1, logits)
     gold = torch.tensor(tokens, device=logits.device)
     return {"fidelity": (logits.argmax(-1) == gold).float().mean().item(),
             "nll": F.cross_entropy(logits, gold).item(), "tokens": len(tokens)}
 
 
-def score_outputs(target, prompts: list[list[int]], outputs: list[list[int]], vocab_size: int | None = None
-                  ) -> tuple[dict, list[dict | None]]:
+def score_outputs(target, prompts: list[list[int]], outputs: list[list[int]], vocab_size: int | None = None,
+                  policy=None, eos_token_ids: Sequence[int] = ()) -> tuple[dict, list[dict | None]]:
     """`teacher_forced` for each (prompt, output): the token-weighted pool and the per-output scores."""
-    scores = [teacher_forced(target, p, o, vocab_size) for p, o in zip(prompts, outputs)]
+    scores = [teacher_forced(target, p, o, vocab_size, policy, eos_token_ids) for p, o in zip(prompts, outputs)]
     return pooled(scores), scores
 
 

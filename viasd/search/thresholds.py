@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from ..decoding.policy import TUNED_FIELDS, DecodePolicy
 from ..decoding.stats import DecodeStats
 from ..errors import ViasdError
-from ..metrics.model_metrics import agreement, pooled, score_outputs
+from ..metrics.model_metrics import agreement, pooled
 from ..metrics.quality import QualityConstraints, main_metric, task_drop
 from ..models import ModelSet
 from ..tasks.base import Example, TaskSpec
@@ -173,7 +173,7 @@ class DevSet:
         matched = total = 0.0
         for i, prompt in enumerate(self.prompts):
             result = self.models.generate(prompt, policy)
-            _, (score,) = score_outputs(self.models.target, [prompt], [result.token_ids], self.models.vocab_size)
+            _, (score,) = self.models.score([prompt], [result.token_ids], policy)
             results.append(result)
             row_scores.append(score)
             if score:

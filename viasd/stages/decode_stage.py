@@ -25,18 +25,19 @@ from ..study.record import StageRecord, cell_tags, input_files, scalars
 from ..study.slims import slim_description
 
 
-def score_rows(models, prompts: list[list[int]], rows: list[dict], cache: dict) -> dict:
+def score_rows(models, prompts: list[list[int]], rows: list[dict], cache: dict, policy: DecodePolicy) -> dict:
     """Fidelity and the target's NLL of each row's output (one teacher-forced target pass per distinct
-    output, written into the row), pooled over the rows by tokens. `cache` maps (prompt index, output
-    tokens) to a score: the runs of one decode job that wrote the same tokens as another (every lossless
-    run writes `ar`'s) are scored once."""
-    from ..metrics.model_metrics import pooled, teacher_forced
+    output, written into the row; the target as `policy`'s generation settings process it, the same for
+    every run), pooled over the rows by tokens. `cache` maps (prompt index, output tokens) to a score: the
+    runs of one decode job that wrote the same tokens as another (every lossless run writes `ar`'s) are
+    scored once."""
+    from ..metrics.model_metrics import pooled
 
     scores = []
     for i, (prompt, row) in enumerate(zip(prompts, rows)):
         key = (i, tuple(row["token_ids"]))
         if key not in cache:
-            cache[key] = teacher_forced(models.target, prompt, row["token_ids"], models.vocab_size)
+            cache[key] = models.score([prompt], [row["token_ids"]], policy)[1][0]
         scores.append(cache[key])
         row["fidelity"], row["target_nll"] = (cache[key]["fidelity"], cache[key]["nll"]) if cache[key] else (None, None)
     return pooled(scores)
@@ -73,7 +74,7 @@ def run_decode_stage(params: Params, pair_name: str, task: str, runs: Sequence[s
     summaries = []
     for spec in specs:
         run_rows, run_stats = (rows[spec.name], stats[spec.name]) if spec.name in cells else (ar_rows, ar_stats)
-        target_scores = score_rows(ar_models, prompts, run_rows, scored)
+        target_scores = score_rows(ar_models, prompts, run_rows, scored, reference)
         summaries.append(_write_run(params, pair.name, task, spec, split, run_rows, run_stats, ar_stats, target_scores,
                                     policies[spec.name], inputs[spec.name]))
     return summaries

@@ -20,9 +20,14 @@ log = logging.getLogger(__name__)
 
 
 def engine_options(params: Params, given: dict | None = None) -> dict:
-    """The engine options of our methods (`cache`, `compile`) from params.yaml's `decode`, with the
-    non-None entries of `given` (command-line overrides) on top."""
-    return {**params.decode.engine(), **{k: v for k, v in (given or {}).items() if v is not None}}
+    """The options of our methods that are not the method's own (`cache`, `compile`, `reuse`, the generation
+    settings) from params.yaml's `decode`, with the non-None entries of `given` (command-line overrides) on
+    top; `generation` settings are merged field by field."""
+    base = params.decode.engine()
+    given = {k: v for k, v in (given or {}).items() if v is not None}
+    if "generation" in given:
+        given["generation"] = {**base["generation"], **given["generation"]}
+    return {**base, **given}
 
 
 def search_base(params: Params, task: str) -> DecodePolicy:

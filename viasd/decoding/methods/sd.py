@@ -6,8 +6,8 @@ from ..acceptance import lossless
 
 
 def block(s) -> None:
-    g = s.block_size()
-    x, p_logits = s.draft_tokens(g)
+    x, p_logits = s.draft_tokens(s.block_size())
+    g = len(x)  # a draft with another tokenizer may propose fewer (text_draft.py), even none
     p = None if s.sampler.greedy else s.sampler.probs(p_logits)
     q_logits = s.target.forward(s.ids, s.length + g, g + 1)  # rows: q_1..q_g, q_{g+1}
     n, token = lossless(x, p, q_logits, s.sampler)

@@ -211,15 +211,15 @@ def block(s) -> None:
     # the full model's cache lags more than max_lag behind: this block goes to the full model, whose pass
     # catches up on every lagged token and verifies the block at once (one pass, not a catch-up and then one)
     catch_up = bool(pol.max_lag) and s.length - 1 - s.target.cached > pol.max_lag
-    g = s.block_size()
-    x, p_logits = s.draft_tokens(g)
+    x, p_logits = s.draft_tokens(s.block_size())
+    g = len(x)  # a draft with another tokenizer may propose fewer (text_draft.py), even none
     p = s.sampler.probs(p_logits)
     st.blocks += 1
     st.drafted += g
     p_sampling = None if s.sampler.greedy else p
     if catch_up:
         st.catchup_passes += 1
-    if catch_up or pol.tiers_off or (pol.gate > 0 and float(p.gather(-1, x[:, None]).min()) < pol.gate):
+    if catch_up or pol.tiers_off or not g or (pol.gate > 0 and float(p.gather(-1, x[:, None]).min()) < pol.gate):
         st.gated_blocks += 1
         _full_block(s, x, p_sampling, g, 0)
         return
