@@ -131,6 +131,28 @@ def test_the_target_in_another_vocabulary(study, tmp_path):
     assert accepted > 0
 
 
+def test_the_study_takes_such_a_pair_as_a_hub_pair(study, tmp_path):
+    """A hub pair whose draft has another tokenizer decodes in the study's decode stage: `sd` writes
+    `ar`'s tokens and counts the draft's own tokens; a run that needs the draft's distribution is
+    refused with one clear error."""
+    from study_fixtures import smoke_params
+
+    from viasd import config
+    from viasd.stages.decode_stage import run_decode_stage
+
+    src, params = study
+    target = params.model_dir("target")
+    draft = mirror(target, target, tmp_path / "mirror")
+    overrides = {"models": {"hub_pairs": {"mixed": {"target": str(target), "draft": str(draft)}}},
+                 "data": {"dir": str(params.data.dir)}, "study": {"reports": str(tmp_path / "reports")}}
+    hub = config.load(smoke_params(tmp_path, overrides))
+    ar, sd = run_decode_stage(hub, "mixed", "stdlib_continuation", ["ar", "sd"], limit=2, progress=False)
+    assert sd["fidelity"] == 1.0 and sd["draft_own_tokens"] > 0 and sd["drafted"] > 0
+    assert sd["new_tokens"] == ar["new_tokens"]
+    with pytest.raises(PolicyError, match="another tokenizer"):
+        run_decode_stage(hub, "mixed", "stdlib_continuation", ["spec_cascade"], limit=1, progress=False)
+
+
 def test_text_survives_the_trip_between_tokenizers(tokenizer, tmp_path):
     """What a block's proposals carry: the draft's new text, decoded in the context of its last tokens,
     and encoded after the target's last tokens, so the target's text grows by exactly that text (a word

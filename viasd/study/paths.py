@@ -76,17 +76,27 @@ def eval_path(params: Params, pair: str, task: str, run: str) -> Path:
 
 
 def bench_paths(params: Params, pair: str, task: str, sweep: str | None = None, cache: str = DEFAULT_CACHE,
-                compile: bool = False, device: str = "cpu", dtype: str = "float32", reuse: bool | None = None) -> dict:
+                compile: bool = False, device: str = "cpu", dtype: str = "float32", reuse: bool | None = None,
+                generation_config: bool | None = None, generation: dict | None = None) -> dict:
     """reports/bench/<pair>-<task>[-sweep-<kind>][-<cache>][-compiled][-reuse|-no_reuse][-<device>][-<dtype>]
-    .{json,md,png}: a cache kind other than `inplace`, torch.compile, reuse other than `decode.reuse`, a
-    device other than the CPU and a dtype other than float32 are in the name, so runs of each setting sit
-    side by side (`device` is a type: `cuda`)."""
+    [-generation-<hash>].{json,md,png}: a cache kind other than `inplace`, torch.compile, reuse other than
+    `decode.reuse`, a device other than the CPU, a dtype other than float32 and generation settings other
+    than `decode.generation_config` / `decode.generation` are in the name, so runs of each setting sit side
+    by side (`device` is a type: `cuda`)."""
+    import hashlib
+    import json
+
     base = params.reports_dir / "bench"
     reuse_default = params.decode.reuse
     reuse = reuse_default if reuse is None else reuse
+    gen_default = [params.decode.generation_config, dict(params.decode.generation)]
+    gen = [gen_default[0] if generation_config is None else generation_config,
+           gen_default[1] if generation is None else dict(generation)]
+    gen_tag = "generation-" + hashlib.md5(json.dumps(gen, sort_keys=True).encode()).hexdigest()[:8]
     tags = [t for t, default in ((cache, DEFAULT_CACHE), ("compiled" if compile else "", ""),
                                  ("reuse" if reuse else "no_reuse", "reuse" if reuse_default else "no_reuse"),
-                                 (device.split(":")[0], "cpu"), (dtype, "float32")) if t != default]
+                                 (device.split(":")[0], "cpu"), (dtype, "float32"),
+                                 (gen_tag if gen != gen_default else "", "")) if t != default]
     stem = "-".join([f"{pair}-{task}", *([f"sweep-{sweep}"] if sweep else []), *tags])
     return {"json": base / f"{stem}.json", "md": base / f"{stem}.md", "png": base / f"{stem}.png"}
 
