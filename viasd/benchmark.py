@@ -281,8 +281,9 @@ def per_token_seconds(models: ModelSet, methods: list[BenchMethod], prompts: lis
     """Seconds per generated token at the prompts' length, prefill excluded: per method, the median
     over rounds of `(t(1 + steps tokens) - t(1 token)) / steps`, rounds alternating the method order."""
     device = next(models.target.parameters()).device
-    long_runs = {m.name: _runner(models, _with_length(m, steps + 1), steps + 1) for m in methods}
-    short_runs = {m.name: _runner(models, _with_length(m, 1), 1) for m in methods}
+    settings = generation_settings(models, methods)
+    long_runs = {m.name: _runner(models, _with_length(m, steps + 1), steps + 1, settings) for m in methods}
+    short_runs = {m.name: _runner(models, _with_length(m, 1), 1, settings) for m in methods}
     for m in methods:  # warm-up
         long_runs[m.name](prompts[0])
     samples: dict[str, list[float]] = {m.name: [] for m in methods}
