@@ -97,7 +97,13 @@ def init_store(root: Path, experiment: str) -> str:
     client = MlflowClient(tracking_uri(root))
     found = client.get_experiment_by_name(experiment)
     exp_id = found.experiment_id if found else _create_experiment(client, experiment)
-    return f"{tracking_uri(root)} experiment {experiment} ({exp_id})"
+    return f"{tracking_uri(root)} experiment {experiment} ({exp_id}); in `mlflow ui`: {ui_page(exp_id)}"
+
+
+def ui_page(experiment_id: str, server: str = "http://127.0.0.1:5000") -> str:
+    """The MLflow UI's page of the study's runs. MLflow 3.17's UI opens on its GenAI views unless the
+    page asks for the model-training workflow (or the user picks "Model training" at the top)."""
+    return f"{server}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
 
 
 def _flatten(data: dict, prefix: str = "") -> dict:
