@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from pathlib import Path
 
 from ..errors import ViasdError
+
+log = logging.getLogger(__name__)
 
 
 def add_params(p) -> None:
@@ -28,7 +31,7 @@ def track(args, params, record) -> None:
     to date records nothing: its open run is discarded."""
     if args.no_track:
         return
-    from ..tracking import discard_run, input_hashes, record_children, record_run
+    from ..tracking import discard_run, input_hashes, record_children, record_run, spool_run, tracking_uri
 
     root = args.params.resolve().parent
     run_id, args.run_id = getattr(args, "run_id", None), None  # completed (or discarded) here, once
@@ -39,9 +42,15 @@ def track(args, params, record) -> None:
         return
     tags = {"stage": record.stage, "pair": params.pair(getattr(args, "pair", None)).name, **record.tags}
     tags.update(input_hashes(record.inputs))
+    opened = run_id
     run_id = record_run(root, experiment(params), record.name, record.params, record.metrics, tags, record.artifacts,
                         record.series, run_id=run_id)
-    if run_id and record.children:  # e.g. a search's Optuna trials, as nested runs
+    if run_id is None:  # the store did not take it: kept, and delivered by the next command that reaches it
+        path = spool_run(root, experiment(params), record.name, record.params, record.metrics, tags, record.artifacts,
+                         record.series, record.children, opened)
+        log.warning("the MLflow store %s did not take the run %s: kept in %s until a later viasd command "
+                    "(any stage, or tracking-init) reaches the store", tracking_uri(root), record.name, path)
+    elif record.children:  # e.g. a search's Optuna trials, as nested runs
         record_children(root, experiment(params), run_id, record.children)
 
 
@@ -51,12 +60,13 @@ def open_stage_run(args) -> None:
     args.run_id = None
     if getattr(args, "no_track", True) or args.command in ("tracking-init", "resolve-params"):
         return
-    from ..tracking import PARENT_ENV, dvc_invocation, dvc_parent_run, open_run
+    from ..tracking import PARENT_ENV, deliver_pending, dvc_invocation, dvc_parent_run, open_run
 
     try:
         params = load_params(args)
     except ViasdError:
         return  # the stage itself reports the bad parameters
+    deliver_pending(args.params.resolve().parent)  # runs an earlier stage could not record, if the store is back
     values = [getattr(args, k, None) for k in ("role", "pair", "task", "run")]
     cell = ["+".join(v) if isinstance(v, list) else str(v) for v in values if v]  # --run is repeatable
     name = "/".join([args.command.replace("-", "_"), *cell])

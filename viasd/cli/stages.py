@@ -264,12 +264,13 @@ def add_tracking_init(sub) -> None:
 
 
 def _tracking_init(args) -> int:
-    from ..tracking import close_run, init_store, open_run
+    from ..tracking import close_run, deliver_pending, init_store, open_run
 
     params = load_params(args)
     if args.no_track:
         return 0
     root = args.params.resolve().parent
+    deliver_pending(root)  # runs a stage could not record while the store was unreachable
     if args.end_parent:
         close_run(root, args.end_parent, args.status)
     elif args.start_parent:
