@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import sys
 from dataclasses import asdict, fields, replace
 from pathlib import Path
@@ -219,16 +218,6 @@ def _study_cell(args):
     return policy, cell.load_models(policy, args.device)
 
 
-def policy_record(policy: DecodePolicy) -> dict:
-    """The policy as JSON-safe values (an infinite threshold as "inf")."""
-    def safe(v):
-        if isinstance(v, float) and not math.isfinite(v):
-            return str(v)
-        return [safe(x) for x in v] if isinstance(v, (tuple, list)) else v
-
-    return {k: safe(v) if k != "sampling" else v for k, v in asdict(policy).items()}
-
-
 def _generate(args) -> int:
     prompt = _read_prompt(args)
     policy, models = _study_cell(args) if args.pair else _direct(args)
@@ -236,7 +225,7 @@ def _generate(args) -> int:
     if args.json:
         applied = resolve(models.target, policy.generation_config, policy.generation, policy.sampling.greedy)
         print(json.dumps({"text": result.text, "token_ids": result.token_ids, "stats": result.stats.as_dict(),
-                          "policy": policy_record(policy), "generation": applied.as_dict()}))
+                          "policy": policy.as_record(), "generation": applied.as_dict()}))
     else:
         print(result.text)
         print("---", file=sys.stderr)

@@ -142,6 +142,17 @@ class DecodePolicy:
             # sampling mode accepts with probability min(1, s / tau_accept): tau must be positive
             raise PolicyError(f"tau_accept must be > 0 for the {self.score!r} score in sampling mode, got {self.tau_accept}")
 
+    def as_record(self) -> dict:
+        """Every field as JSON-safe values (nested settings as dicts, an infinite threshold as "inf")."""
+        from dataclasses import asdict
+
+        def safe(v):
+            if isinstance(v, float) and not math.isfinite(v):
+                return str(v)
+            return [safe(x) for x in v] if isinstance(v, (tuple, list)) else v
+
+        return {k: safe(v) for k, v in asdict(self).items()}
+
     @property
     def lossless(self) -> bool:
         return self.method in LOSSLESS

@@ -11,9 +11,7 @@ Outputs (named by pair, task and run):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import asdict
 
 from ..config import Params
 from ..decoding.policy import DecodePolicy
@@ -95,8 +93,7 @@ def _write_run(params: Params, pair: str, task: str, spec: RunSpec, split: str, 
         "speedup_vs_ar": (stats.tokens_per_second / ar_stats.tokens_per_second)
         if stats.tokens_per_second and ar_stats.tokens_per_second else None,
         "fidelity": target_scores["fidelity"], "target_nll": target_scores["nll"],
-        "policy": {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
-                   for k, v in asdict(policy).items() if k not in ("sampling", "eos_token_ids", "stop_strings")},
+        "policy": {k: v for k, v in policy.as_record().items() if k not in ("sampling", "eos_token_ids", "stop_strings")},
         "inputs": {k: str(v) for k, v in inputs.items()},
         "slim": slim_description(params, pair, spec),
     })
