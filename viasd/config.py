@@ -199,6 +199,7 @@ class StudyParams:
     name: str = "default"
     reports: str = "reports"
     optuna_storage: str | None = None  # null: SQLite files in models/optuna/; or a URL / journal file (*.log)
+    optuna_heartbeat: int = 60  # seconds between a running trial's heartbeats when a search has workers
     pairs: tuple[str, ...] = ()
     tasks: tuple[str, ...] = ()
     runs: tuple[str, ...] = ()
@@ -248,9 +249,10 @@ class DimrParams:
     sampler: str = "tpe"
     batch_size: int = 8
     baselines: tuple[str, ...] = ()
+    workers: int = 1  # processes sharing the search's trials (search/workers.py); not a setting of the search
 
     def search_settings(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k != "baselines"}
+        return {k: v for k, v in asdict(self).items() if k not in ("baselines", "workers")}
 
 
 @dataclass(frozen=True)
@@ -264,6 +266,7 @@ class ThresholdParams:
     per_slim: bool = True
     ablation_trials: int | None = None
     rules_trials: int | None = None
+    workers: int = 1  # processes sharing each search's trials (search/workers.py)
     search: dict = field(default_factory=dict)
 
 
@@ -294,6 +297,11 @@ class Params:
     thresholds: ThresholdParams = field(default_factory=ThresholdParams)
     router: RouterParams = field(default_factory=RouterParams)
     raw: dict = field(repr=False, default_factory=dict)
+
+    def search_heartbeat(self, workers: int) -> int | None:
+        """The heartbeat interval of a search's running trials: `study.optuna_heartbeat` seconds when the
+        search is shared by several workers (a dead worker's trial is then failed and retried), else None."""
+        return self.study.optuna_heartbeat if workers > 1 else None
 
     def section(self, name: str) -> dict:
         """A section of params.yaml as written (what the tracking boundary logs)."""

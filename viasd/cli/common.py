@@ -68,6 +68,8 @@ def open_stage_run(args) -> None:
         return  # the stage itself reports the bad parameters
     deliver_pending(args.params.resolve().parent)  # runs an earlier stage could not record, if the store is back
     values = [getattr(args, k, None) for k in ("role", "pair", "task", "run")]
+    if getattr(args, "worker", None) is not None:  # one of a search's workers
+        values.append(f"worker{args.worker}")
     cell = ["+".join(v) if isinstance(v, list) else str(v) for v in values if v]  # --run is repeatable
     name = "/".join([args.command.replace("-", "_"), *cell])
     root = args.params.resolve().parent

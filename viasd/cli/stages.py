@@ -89,16 +89,42 @@ def add_dimr_search(sub) -> None:
     add_pair(p)
     p.add_argument("--cost", choices=["path", "target"], help="search only with this cost function (default: "
                    "dimr.cost and any other a cost_<fn> run of study.runs needs, saved as cost-<fn>.json)")
+    add_worker(p, "dimr.workers")
+
+
+def add_worker(p, key: str) -> None:
+    p.add_argument("--worker", type=int, metavar="K", help=f"run worker K of {key} (1-based): its share of the "
+                   "search's trials on the shared Optuna storage, writing no outputs; the command without --worker "
+                   "then picks the result (and runs any trial a lost worker left)")
+
+
+def worker_of(args, count: int, key: str):
+    """The `Worker` of `--worker K` (None without it); one clear error if K is not one of `count`."""
+    from ..search.workers import Worker
+
+    if args.worker is None:
+        return None
+    if not 1 <= args.worker <= count:
+        from ..config import ConfigError
+
+        raise ConfigError(f"--worker {args.worker}: {key} is {count}, so K must be in 1..{count}")
+    return Worker(args.worker - 1, count)
 
 
 
 def _dimr_search(args) -> int:
-    from ..stages.dimr_stage import grid_searches
+    from ..stages.dimr_stage import grid_searches, run_dimr_stage
 
     params = load_params(args)
     pair = params.pair(args.pair)
+    worker = worker_of(args, params.dimr.workers, "dimr.workers")
     for overrides in [{"cost": args.cost}] if args.cost else grid_searches(params):
+        if worker is not None:
+            run_dimr_stage(params, pair=pair, worker=worker, **overrides)
+            continue
         _dimr_search_one(args, params, pair, **overrides)
+    if worker is not None:
+        print(json.dumps({"pair": pair.name, "worker": args.worker, "workers": worker.count}))
     return 0
 
 
@@ -153,6 +179,7 @@ def add_tune_thresholds(sub) -> None:
     p.add_argument("--slim", action="append", type=_slim_name,
                    help="main, rules, " + ", ".join(SLIM_ABLATIONS) + ", prefix_<n>: tune for this slim verifier only "
                         "(repeatable; default: main, and with thresholds.per_slim every slim ablation of study.runs)")
+    add_worker(p, "thresholds.workers")
 
 
 
@@ -162,6 +189,12 @@ def _tune_thresholds(args) -> int:
 
     params = load_params(args)
     pair = params.pair(args.pair)
+    worker = worker_of(args, params.thresholds.workers, "thresholds.workers")
+    if worker is not None:
+        run_thresholds_stage(params, args.task, pair=pair, slims=args.slim, worker=worker)
+        print(json.dumps({"pair": pair.name, "task": args.task or params.thresholds.task, "worker": args.worker,
+                          "workers": worker.count}))
+        return 0
     records = []
     results = run_thresholds_stage(params, args.task, pair=pair, slims=args.slim, records=records)
     for (slim, out), record in zip(results.items(), records):

@@ -25,6 +25,7 @@ from ..decoding.routing import RoutingMask, SlimVerifier, evenly_spaced_mask, nu
 from ..errors import ViasdError
 from .calibration import log_probs, window_logits
 from .cost import COSTS, position_costs
+from .workers import SERIAL, Worker, run_trials
 
 log = logging.getLogger(__name__)
 BASELINES = ("random", "truncate", "every_other")
@@ -173,10 +174,10 @@ def top_k_mask(scores: list[float], k: int) -> list[int]:
     return sorted(order[:k])
 
 
-def _sampler(cfg: DimrConfig, n_done: int):
+def _sampler(cfg: DimrConfig, n_done: int, worker: Worker = SERIAL):
     import optuna
 
-    seed = cfg.seed * 1_000_003 + n_done  # reseeded on resume: no repeat of earlier proposals
+    seed = worker.seed(cfg.seed * 1_000_003, n_done)  # reseeded on resume: no repeat of earlier proposals
     if n_done < cfg.n_random:
         return optuna.samplers.RandomSampler(seed=seed)
     if cfg.sampler == "gp":
@@ -184,8 +185,12 @@ def _sampler(cfg: DimrConfig, n_done: int):
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=0, multivariate=True)
 
 
-def dimr_search(cost: MaskCost, cfg: DimrConfig, storage: str, study_name: str, progress: bool = True) -> SearchResult:
-    """Run (or continue) the search stored as `study_name` in `storage`; returns the best mask."""
+def dimr_search(cost: MaskCost, cfg: DimrConfig, storage, study_name: str, progress: bool = True,
+                worker: Worker = SERIAL) -> SearchResult | None:
+    """Run (or continue) the search stored as `study_name` in `storage`; returns the best mask.
+
+    `worker`: one of several processes sharing the study (`search.workers.run_trials`): it runs trials
+    until the storage holds the budget and returns None; the serial run (the default) then picks."""
     import optuna
     from tqdm.auto import tqdm
 
@@ -196,15 +201,15 @@ def dimr_search(cost: MaskCost, cfg: DimrConfig, storage: str, study_name: str, 
     prefix = cfg.keep_prefix
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(storage=storage, study_name=study_name, direction="minimize", load_if_exists=True)
-    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     total = cfg.n_random + cfg.n_bayes
     start = time.perf_counter()
     passes_before = cost.passes
-    bar = tqdm(total=total, initial=len(done), desc="DIMR search", disable=not progress, unit="trial")
-    while len(done) < total:
-        phase = "random" if len(done) < cfg.n_random else "bayes"
-        study.sampler = _sampler(cfg, len(done))
-        trial = study.ask()
+    done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
+    bar = tqdm(total=total, initial=min(done, total), desc=f"DIMR search ({worker})" if worker.shared else "DIMR search",
+               disable=not progress, unit="trial")
+
+    def evaluate(trial) -> float:
+        phase = "random" if isinstance(study.sampler, optuna.samplers.RandomSampler) else "bayes"
         # layers 0..prefix-1 are always kept; the search places the other k - prefix among the rest
         scores = [trial.suggest_float(f"layer_{i:03d}", 0.0, 1.0) for i in range(prefix, L)]
         keep = list(range(prefix)) + [prefix + i for i in top_k_mask(scores, k - prefix)]
@@ -213,12 +218,18 @@ def dimr_search(cost: MaskCost, cfg: DimrConfig, storage: str, study_name: str, 
         trial.set_user_attr("keep_layers", keep)
         trial.set_user_attr("phase", phase)
         trial.set_user_attr("seconds", time.perf_counter() - t0)
-        done.append(study.tell(trial, value))  # the finished trial, without re-reading the storage
+        return value
+
+    def on_trial(frozen) -> None:
         bar.update(1)
-        bar.set_postfix(best=f"{min(t.value for t in done):.4f}")
+        bar.set_postfix(best=f"{study.best_value:.4f}")
+
+    complete = run_trials(study, storage, total, lambda n: _sampler(cfg, n, worker), evaluate, worker, on_trial)
     bar.close()
+    if worker.shared:
+        return None
     trials = [{"number": t.number, "phase": t.user_attrs["phase"], "keep_layers": t.user_attrs["keep_layers"],
-               "cost": t.value, "seconds": t.user_attrs["seconds"]} for t in done]
+               "cost": t.value, "seconds": t.user_attrs["seconds"]} for t in complete]
     best = min(trials, key=lambda t: (t["cost"], t["number"]))
     return SearchResult(best["keep_layers"], best["cost"], L, k, trials, time.perf_counter() - start,
                         cost.passes - passes_before, cost.reference_seconds)

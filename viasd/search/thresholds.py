@@ -40,6 +40,7 @@ from .pass_cost import (
     split_key,
     widths_per_token,
 )
+from .workers import SERIAL, Worker, run_trials
 
 log = logging.getLogger(__name__)
 
@@ -345,38 +346,48 @@ def confirm_choice(ranked: list[dict], confirm: DevSet, cfg: ThresholdConfig) ->
     return None, checks
 
 
-def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage: str, study_name: str, progress: bool = True,
-                    warm_start: list[dict] = (), candidates: list[dict] = (), confirm: DevSet | None = None) -> dict:
+def study_pass_cost(study, dev: DevSet, cfg: ThresholdConfig) -> dict[str, PassCost]:
+    """The cost model's per-pass costs of the study: measured (or shared) when it starts and read back when
+    it resumes, so that every trial's objective uses the same costs. Workers starting a study together
+    may each measure; the first stored set is the study's (read again after measuring)."""
+    stored = costs_from_json(study.user_attrs.get("pass_cost_model"))
+    if stored is not None:
+        return stored
+    measured = dev.pass_cost or dev.measure_pass_cost(cfg.gamma)
+    stored = costs_from_json(study.user_attrs.get("pass_cost_model"))  # another worker's, stored meanwhile
+    if stored is not None:
+        return stored
+    study.set_user_attr("pass_cost_model", costs_to_json(measured))
+    return measured
+
+
+def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage, study_name: str, progress: bool = True,
+                    warm_start: list[dict] = (), candidates: list[dict] = (), confirm: DevSet | None = None,
+                    worker: Worker = SERIAL) -> dict | None:
     """Run (or continue) the study; returns the best feasible candidate (trials and tiers-off points).
 
     `warm_start`: policy points (e.g. the best trials of the DIMR slim's search) evaluated first when the
     study is new, so that a shorter search of another slim starts from what worked. `confirm`: held-out dev
     prompts on which the chosen tiered policy must meet the constraints again (`confirm_choice`); the
-    result's `confirm` lists the checks (empty when SD wins on dev)."""
+    result's `confirm` lists the checks (empty when SD wins on dev). `worker`: one of several processes
+    sharing the study (`search.workers.run_trials`): it runs trials until the storage holds the budget and
+    returns None; the serial run (the default) then makes the choice."""
     import optuna
     from tqdm.auto import tqdm
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
     study = optuna.create_study(storage=storage, study_name=study_name, direction="minimize", load_if_exists=True)
-    # the cost model's per-pass costs belong to the study: measured (or shared) when it starts and read back
-    # when it resumes, so every trial's objective uses the same costs
-    stored = costs_from_json(study.user_attrs.get("pass_cost_model"))
-    if stored is not None:
-        dev.pass_cost = stored
-    else:
-        study.set_user_attr("pass_cost_model", costs_to_json(dev.pass_cost or dev.measure_pass_cost(cfg.gamma)))
-    sd_points = tiers_off_points(dev, cfg, study)
-    complete = optuna.trial.TrialState.COMPLETE
-    done = [t for t in study.trials if t.state == complete]
-    if not study.trials:
+    dev.pass_cost = study_pass_cost(study, dev, cfg)
+    sd_points = None if worker.shared else tiers_off_points(dev, cfg, study)
+    if not study.trials and worker.lead:
         for point in list(warm_start)[: cfg.n_trials]:
             study.enqueue_trial(search_params(point, cfg), skip_if_exists=True)
-    bar = tqdm(total=cfg.n_trials, initial=len(done), desc="threshold search", disable=not progress, unit="trial")
-    while len(done) < cfg.n_trials:
-        study.sampler = optuna.samplers.TPESampler(seed=cfg.seed * 1_000_003 + len(done),
-                                                   n_startup_trials=max(4, cfg.n_trials // 4))
-        trial = study.ask()
+    done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
+    bar = tqdm(total=cfg.n_trials, initial=min(done, cfg.n_trials), disable=not progress, unit="trial",
+               desc=f"threshold search ({worker})" if worker.shared else "threshold search")
+
+    def evaluate(trial) -> float:
         policy = suggest_policy(trial, dev.base, cfg)
         start = time.perf_counter()
         # a trial that can no longer reach the fidelity floor stops early (an exact bound: DevSet.evaluate)
@@ -385,12 +396,20 @@ def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage: str, study_name:
         for key, value in _point(policy, measured, cfg).items():
             trial.set_user_attr(key, value)
         trial.set_constraint("quality", cfg.quality.slack(measured))  # <= 0: feasible (TPE samples around it)
-        done.append(study.tell(trial, measured["cost_per_token"]))  # without re-reading the storage
-        bar.update(1)
+        return measured["cost_per_token"]
+
+    sampler = lambda n: optuna.samplers.TPESampler(seed=worker.seed(cfg.seed * 1_000_003, n),  # noqa: E731
+                                                   n_startup_trials=max(4, cfg.n_trials // 4))
+    done = run_trials(study, storage, cfg.n_trials, sampler, evaluate, worker, lambda _: bar.update(1))
     bar.close()
-    trials = [{"number": t.number, "tiers_off": False, **t.user_attrs} for t in done]
+    if worker.shared:
+        return None
+    # every trial costed with the study's per-pass costs (workers that measured their own at the same moment
+    # costed their trials with those; the choice uses one cost model)
+    trials = [_recosted({"number": t.number, "tiers_off": False, **t.user_attrs}, dev) for t in done]
     for t in trials:
         t.pop("pass_cost_model", None)
+        t.pop("surplus", None)
     # `candidates`: trials of another search on the same dev prompts and per-pass costs (e.g. the hand rules'
     # own search), which compete in the choice below
     candidates = sd_points + trials + list(candidates)

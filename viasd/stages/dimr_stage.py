@@ -26,6 +26,7 @@ from ..search.calibration import load_calibration
 from ..search.dimr import DimrConfig, MaskCost, baseline_mask, dimr_search, result_json
 from ..search.plots import layer_keep_frequency, search_curve
 from ..search.storage import optuna_storage, study_name
+from ..search.workers import SERIAL, Worker
 from ..study.paths import main_cost, main_prefix, mask_paths
 from ..study.record import StageRecord, input_files
 
@@ -62,9 +63,11 @@ def grid_costs(params: Params) -> list[str]:
 
 
 def run_dimr_stage(params: Params, progress: bool = True, pair: Pair | None = None, records: list | None = None,
-                   **overrides) -> dict:
+                   worker: Worker = SERIAL, **overrides) -> dict | None:
     """Search (or continue, or skip when already done with these parameters); returns the mask JSON.
-    `records`: the search's `StageRecord` is appended to it (for the tracking boundary)."""
+    `records`: the search's `StageRecord` is appended to it (for the tracking boundary). `worker` (one
+    of `dimr.workers` processes on one storage): run this worker's share of the trials and write
+    nothing (returns None); the stage run without a worker then picks the mask."""
     from ..models import load_models
 
     pair = pair or params.pair()
@@ -87,9 +90,12 @@ def run_dimr_stage(params: Params, progress: bool = True, pair: Pair | None = No
     encoder_keep = cfg.encoder_keep(models.target)
     cost = MaskCost(models.target, models.draft, calibration, models.vocab_size, cfg.cost, cfg.batch_size,
                     encoder_keep)
-    storage = optuna_storage(params.study.optuna_storage, paths["storage"], params.models_dir.parent)
+    storage = optuna_storage(params.study.optuna_storage, paths["storage"], params.models_dir.parent,
+                             params.search_heartbeat(params.dimr.workers))
     search_name = study_name(f"dimr-{pair.name}", asdict(cfg))
-    result = dimr_search(cost, cfg, storage, search_name, progress)
+    result = dimr_search(cost, cfg, storage, search_name, progress, worker)
+    if result is None:
+        return None
     out = result_json(result, cfg, pair=pair.name, target=pair.target, draft=pair.draft)
     found = RoutingMask.from_layers(result.keep_layers, result.num_layers)
     encoder = {}

@@ -30,6 +30,7 @@ from ..search.pass_cost import PassCost, costs_from_json, costs_to_json
 from ..search.plots import speed_quality
 from ..search.storage import optuna_storage, study_name
 from ..search.thresholds import POLICY_KEYS, DevSet, ThresholdConfig, oracle_points, tune_thresholds
+from ..search.workers import SERIAL, Worker, completed_points
 from ..study.cells import engine_options, search_base
 from ..study.paths import router_paths, threshold_paths
 from ..study.record import StageRecord, input_files
@@ -59,7 +60,7 @@ def _json_value(value):
 
 def run_thresholds_stage(params: Params, task: str | None = None, progress: bool = True,
                          pair: Pair | None = None, slims: list[str] | None = None,
-                         records: list | None = None) -> dict[str, dict]:
+                         records: list | None = None, worker: Worker = SERIAL) -> dict[str, dict]:
     """Tune the thresholds of each slim (default: `slims_to_tune`); returns {slim: result}.
 
     The per-pass costs of the cost model are measured once per runner layout, in the `main` (DIMR mask)
@@ -75,7 +76,12 @@ def run_thresholds_stage(params: Params, task: str | None = None, progress: bool
     decides by `thresholds.routers` (by default the learned router alone: a categorical choice between
     conditional spaces leaves each too few trials) and picks the cheapest feasible policy among its own
     trials, the rules' trials and SD, so the tuned `viasd` is the best of both. `records`: each search's
-    `StageRecord` is appended to it (for the tracking boundary)."""
+    `StageRecord` is appended to it (for the tracking boundary).
+
+    `worker` (one of `thresholds.workers` processes on one storage): run this worker's share of every
+    search's trials, in the same order, and write nothing; the stage run without a worker then picks
+    (and runs any trial a lost worker left). Its results are then partial: `pass_cost_model` and the
+    `worker_trials` that warm-start the ablations."""
     pair = pair or params.pair()
     task = task or params.thresholds.task
     slims = slims or slims_to_tune(params)
@@ -84,19 +90,22 @@ def run_thresholds_stage(params: Params, task: str | None = None, progress: bool
     for first in [s for s in ("rules", "main") if s in slims]:
         shared = costs_from_json(results["rules"]["pass_cost_model"]) if "rules" in results else None
         extra = searched_trials(params, pair.name, task, "rules") if first == "main" and "rules" in results else []
-        results[first] = tune_slim(params, pair, task, first, progress, shared, common=common, candidates=extra)
+        results[first] = tune_slim(params, pair, task, first, progress, shared, common=common, candidates=extra,
+                                   worker=worker)
     first = results.get("rules") or results.get("main")
     shared = costs_from_json(first["pass_cost_model"]) if first else None
-    warm = warm_start_points(params, pair.name, task)
+    warm = warm_start_points(params, pair.name, task, trials=(first or {}).get("worker_trials"))
     main_mask = slim_description(params, pair.name, slim_spec("main"))
     for slim in slims:
         if slim in ("main", "rules"):
             continue
         if "main" in results and slim_description(params, pair.name, slim_spec(slim)) == main_mask:
-            results[slim] = same_mask_as_main(params, pair.name, task, slim, results["main"])
+            if not worker.shared:
+                results[slim] = same_mask_as_main(params, pair.name, task, slim, results["main"])
         else:
-            results[slim] = tune_slim(params, pair, task, slim, progress, shared, common=common, warm_start=warm)
-    if records is not None:
+            results[slim] = tune_slim(params, pair, task, slim, progress, shared, common=common, warm_start=warm,
+                                      worker=worker)
+    if records is not None and not worker.shared:
         trials = common.get("trials", {})
         records.extend(threshold_record(params, pair, slim, out, trials.get(out.get("same_mask_as", slim), []))
                        for slim, out in results.items())
@@ -176,10 +185,12 @@ def searched_trials(params: Params, pair: str, task: str, slim: str) -> list[dic
             if not t.get("tiers_off") and t.get("search") is None]
 
 
-def warm_start_points(params: Params, pair: str, task: str, k: int = WARM_START) -> list[dict]:
+def warm_start_points(params: Params, pair: str, task: str, k: int = WARM_START, trials: list[dict] | None = None
+                      ) -> list[dict]:
     """The `k` cheapest feasible hand-rule trials of the `rules` search (else of the main search): the
-    slim ablations' searches use the hand rules and start from them (none before a search has run)."""
-    trials = searched_trials(params, pair, task, "rules") or searched_trials(params, pair, task, "main")
+    slim ablations' searches use the hand rules and start from them (none before a search has run).
+    `trials`: that search's trials as a worker read them from the storage (else its trace file)."""
+    trials = trials or searched_trials(params, pair, task, "rules") or searched_trials(params, pair, task, "main")
     tiered = [t for t in trials if t.get("feasible") and t.get("router", "rules") == "rules"]
     return sorted(tiered, key=lambda t: t["cost_per_token"])[:k]
 
@@ -247,7 +258,7 @@ def result_json(out: dict, cfg: ThresholdConfig, oracle: dict | None, signature:
 
 def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool = True,
               pass_cost: dict[str, PassCost] | None = None, common: dict | None = None,
-              warm_start: list[dict] = (), candidates: list[dict] = ()) -> dict:
+              warm_start: list[dict] = (), candidates: list[dict] = (), worker: Worker = SERIAL) -> dict:
     """One slim's search; `pass_cost` shares per-pass costs (per runner layout and width) fitted in another search
     (None, or costs that miss one of this slim's layouts: measure); `common` carries the `SharedDev` of
     the first search to the next; `warm_start`: policies tried first (an ablation slim's search)."""
@@ -273,7 +284,7 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
                  shared=common.get("dev"), base=base)
     common["dev"] = dev.shared
     confirm = None
-    if held_out:
+    if held_out and not worker.shared:  # the choice is confirmed by the stage's final (serial) run
         confirm = DevSet(models, held_out, max_new, get_task(task).stop_strings, dev.pass_cost, task=get_task(task),
                          engine=engine, shared=common.get("confirm"), base=base)
         common["confirm"] = confirm.shared
@@ -283,11 +294,13 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     # (and for the held-out confirmation, which only checks the choice)
     searched = {**{k: v for k, v in signature.items() if k not in ("candidates", "confirm_prompts")},
                 "config": {k: v for k, v in signature["config"].items() if k not in ("min_gain", "confirm_candidates")}}
-    storage = optuna_storage(params.study.optuna_storage, paths["storage"], params.models_dir.parent)
-    out = tune_thresholds(dev, cfg, storage,
-                          study_name(f"thresholds-{pair.name}-{task}-{slim}", searched), progress,
-                          warm_start=warm_start, candidates=[{**c, "search": "rules"} for c in candidates],
-                          confirm=confirm)
+    storage = optuna_storage(params.study.optuna_storage, paths["storage"], params.models_dir.parent,
+                             params.search_heartbeat(params.thresholds.workers))
+    name = study_name(f"thresholds-{pair.name}-{task}-{slim}", searched)
+    out = tune_thresholds(dev, cfg, storage, name, progress, warm_start=warm_start,
+                          candidates=[{**c, "search": "rules"} for c in candidates], confirm=confirm, worker=worker)
+    if out is None:  # a worker's share: the study's cost model and trials, for the searches after it
+        return {"pass_cost_model": costs_to_json(dev.pass_cost), "worker_trials": completed_points(storage, name)}
     best = out["best"]
     common.setdefault("trials", {})[slim] = out["trials"]
     # the oracle router on the same dev prompts (greedy searches of the DIMR slim): the ceiling a router has

@@ -38,6 +38,7 @@ wildcard_constraints:
     run="[a-z_]+(-[a-z0-9_]+)?",
     role="target|draft|independent",
     split="dev|test",
+    k="[0-9]+",
 
 
 def pair_models(pair, roles=("target", "draft")):
@@ -60,6 +61,14 @@ def task_split_params(wildcards):
 # what each stage reads of data/: training and the mask search never read task prompts
 CORPUS = [f"{DATA}/tokenizer", f"{DATA}/corpus", f"{DATA}/manifest.json"]
 DECODE_SPLIT = config["decode"]["split"]
+
+
+def search_workers(section, name):
+    """The marker files of a search's workers (`dimr.workers` / `thresholds.workers` > 1): the search's own
+    rule waits for them, then picks the result from the shared Optuna storage (and runs any trial a lost
+    worker left). None with one worker: the search's rule runs every trial itself."""
+    n = config.get(section, {}).get("workers", 1)
+    return [] if n == 1 else [f"{MODELS}/workers/{section}/{name}/worker-{k}.json" for k in range(1, n + 1)]
 
 
 def eval_files():

@@ -7,6 +7,7 @@ rule dimr_search:
         f"{DATA}/calibration.parquet",
         f"{DATA}/corpus",
         models=lambda w: pair_models(w.pair, ["target", "draft", "independent"]),
+        workers=lambda w: search_workers("dimr", w.pair),
     output:
         masks=directory(f"{MODELS}/masks/{{pair}}"),
         plots=report(
@@ -32,3 +33,29 @@ rule dimr_search:
         "../envs/viasd.yaml"
     shell:
         "OMP_NUM_THREADS={threads} viasd dimr-search {params.viasd} --pair {wildcards.pair} > {log} 2>&1"
+
+
+rule dimr_worker:
+    """One of `dimr.workers` processes sharing the pair's DIMR searches on the Optuna storage
+    (`study.optuna_storage`): its share of the trials, nothing written but this marker."""
+    input:
+        f"{DATA}/calibration.parquet",
+        models=lambda w: pair_models(w.pair, ["target", "draft"]),
+    output:
+        f"{MODELS}/workers/dimr/{{pair}}/worker-{{k}}.json",
+    params:
+        viasd=VIASD_ARGS,
+        seed=config["seed"],
+        dimr={k: v for k, v in config["dimr"].items() if k != "baselines"},
+        runs=STUDY["runs"],
+    threads: 2
+    resources:
+        mem_mb=8000,
+        runtime=120,
+    log:
+        "logs/dimr_worker/{pair}-{k}.log",
+    conda:
+        "../envs/viasd.yaml"
+    shell:
+        "OMP_NUM_THREADS={threads} viasd dimr-search {params.viasd} --pair {wildcards.pair} --worker {wildcards.k} "
+        "> {output} 2> {log}"

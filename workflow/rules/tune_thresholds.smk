@@ -6,6 +6,7 @@ rule tune_thresholds:
         models=lambda w: pair_models(w.pair, ["target", "draft", "independent"]),
         masks=f"{MODELS}/masks/{{pair}}",
         router=f"{MODELS}/routers/{{pair}}",
+        workers=lambda w: search_workers("thresholds", f"{w.pair}-{w.task}"),
     output:
         thresholds=directory(f"{MODELS}/thresholds/{{pair}}-{{task}}"),
         plots=report(
@@ -34,3 +35,32 @@ rule tune_thresholds:
         "../envs/viasd.yaml"
     shell:
         "OMP_NUM_THREADS={threads} viasd tune-thresholds {params.viasd} --pair {wildcards.pair} --task {wildcards.task} > {log} 2>&1"
+
+
+rule thresholds_worker:
+    """One of `thresholds.workers` processes sharing a pair and task's threshold searches on the Optuna
+    storage (`study.optuna_storage`): its share of every slim's trials, nothing written but this marker."""
+    input:
+        f"{DATA}/tasks/{{task}}/dev.jsonl",
+        models=lambda w: pair_models(w.pair, ["target", "draft", "independent"]),
+        masks=f"{MODELS}/masks/{{pair}}",
+        router=f"{MODELS}/routers/{{pair}}",
+    output:
+        f"{MODELS}/workers/thresholds/{{pair}}-{{task}}/worker-{{k}}.json",
+    params:
+        viasd=VIASD_ARGS,
+        seed=config["seed"],
+        thresholds=config["thresholds"],
+        max_new_tokens=lambda w: config["tasks"][w.task].get("max_new_tokens"),
+        runs=STUDY["runs"],
+    threads: 1
+    resources:
+        mem_mb=8000,
+        runtime=120,
+    log:
+        "logs/thresholds_worker/{pair}-{task}-{k}.log",
+    conda:
+        "../envs/viasd.yaml"
+    shell:
+        "OMP_NUM_THREADS={threads} viasd tune-thresholds {params.viasd} --pair {wildcards.pair} --task {wildcards.task} "
+        "--worker {wildcards.k} > {output} 2> {log}"

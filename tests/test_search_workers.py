@@ -1,0 +1,138 @@
+"""Searches shared by several worker processes on one Optuna storage (viasd/search/workers.py): real
+processes on a real SQLite storage with heartbeats, a worker killed with SIGKILL mid-trial."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from viasd.search.storage import optuna_storage
+from viasd.search.workers import Worker, run_trials
+
+# a worker process: run_trials on the study `search` of the storage, an objective of two floats that
+# takes `SECONDS` per trial; with HANG set, the first trial writes its params there and never returns
+WORKER = textwrap.dedent("""
+    import json, os, sys, time
+    from pathlib import Path
+    import optuna
+    from viasd.search.storage import optuna_storage
+    from viasd.search.workers import Worker, run_trials
+
+    db, index, count, n_trials, heartbeat = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    seconds, hang = float(os.environ.get("SECONDS_PER_TRIAL", "0.2")), os.environ.get("HANG")
+    storage = optuna_storage(None, Path(db), Path(db).parent, heartbeat)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(storage=storage, study_name="search", load_if_exists=True)
+    worker = Worker(index, count)
+
+    def evaluate(trial):
+        x, y = trial.suggest_float("x", -1, 1), trial.suggest_float("y", -1, 1)
+        trial.set_user_attr("worker", index)
+        if hang:
+            Path(hang).write_text(json.dumps(trial.params))
+            time.sleep(3600)
+        time.sleep(seconds)
+        return x * x + y * y
+
+    sampler = lambda n: optuna.samplers.TPESampler(seed=worker.seed(7, n), n_startup_trials=3)
+    run_trials(study, storage, n_trials, sampler, evaluate, worker, poll_s=0.5)
+""")
+
+
+def _worker(tmp_path: Path, index: int, count: int, n_trials: int, heartbeat: int = 1, **env) -> subprocess.Popen:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    return subprocess.Popen([sys.executable, str(script), str(tmp_path / "search.db"), str(index), str(count),
+                             str(n_trials), str(heartbeat)], env={**os.environ, **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _trials(tmp_path: Path, state=None):
+    storage = f"sqlite:///{tmp_path / 'search.db'}"
+    study = optuna.load_study(study_name="search", storage=storage)
+    return [t for t in study.get_trials() if state is None or t.state == state]
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 120) -> None:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err[-3000:]
+
+
+def test_two_workers_finish_exactly_n_trials_with_distinct_points(tmp_path):
+    n = 12
+    workers = [_worker(tmp_path, i, 2, n) for i in range(2)]
+    for proc in workers:
+        _finish(proc)
+    complete = _trials(tmp_path, optuna.trial.TrialState.COMPLETE)
+    assert len(complete) == n
+    points = {(t.params["x"], t.params["y"]) for t in complete}
+    assert len(points) == n  # no point run twice: each worker samples with its own seed
+    assert {t.user_attrs["worker"] for t in complete} == {0, 1}  # both did part of the work
+    # a worker started again on the finished study runs nothing
+    before = len(_trials(tmp_path))
+    _finish(_worker(tmp_path, 1, 2, n))
+    assert len(_trials(tmp_path)) == before
+
+
+def test_a_killed_workers_trial_is_failed_and_retried(tmp_path):
+    n = 4
+    hung = tmp_path / "hung.json"
+    victim = _worker(tmp_path, 0, 2, n, HANG=str(hung))
+    deadline = time.monotonic() + 60
+    while not hung.exists():
+        assert time.monotonic() < deadline, victim.stderr.read() if victim.poll() is not None else "no trial started"
+        time.sleep(0.1)
+    os.kill(victim.pid, signal.SIGKILL)  # mid-trial: its trial stays RUNNING, its heartbeat stops
+    victim.wait()
+    params = json.loads(hung.read_text())
+    survivor = _worker(tmp_path, 1, 2, n)
+    _finish(survivor)
+    trials = _trials(tmp_path)
+    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    failed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
+    assert len(complete) == n
+    assert [t.params for t in failed] == [params]  # the killed worker's trial, failed as stale
+    retried = [t for t in complete if t.system_attrs.get("failed_trial") == failed[0].number]
+    assert len(retried) == 1 and retried[0].params == params  # ... and its point run again
+    assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+
+
+def test_one_worker_runs_what_the_study_lacks_and_resumes(tmp_path):
+    """The serial search (one worker): exactly n trials, resumed after an interruption with the sampler
+    reseeded by the trials completed, so a resumed run equals an uninterrupted one."""
+    def search(db: Path, stop_after: int | None = None):
+        storage = optuna_storage(None, db, tmp_path)
+        study = optuna.create_study(storage=storage, study_name="s", load_if_exists=True)
+        calls = []
+
+        def evaluate(trial):
+            if stop_after is not None and len(calls) == stop_after:
+                raise KeyboardInterrupt
+            calls.append(1)
+            return trial.suggest_float("x", -1, 1) ** 2
+
+        sampler = lambda n: optuna.samplers.TPESampler(seed=Worker().seed(3, n), n_startup_trials=2)  # noqa: E731
+        try:
+            return [t.params["x"] for t in run_trials(study, storage, 6, sampler, evaluate)]
+        except KeyboardInterrupt:
+            return None
+
+    whole = search(tmp_path / "a.db")
+    assert search(tmp_path / "b.db", stop_after=3) is None
+    resumed = search(tmp_path / "b.db")
+    assert len(whole) == 6 and resumed == whole
+
+
+@pytest.mark.parametrize("index, count", [(2, 2), (-1, 3), (0, 0)])
+def test_a_worker_index_outside_its_count_is_refused(index, count):
+    with pytest.raises(ValueError, match="index must be"):
+        Worker(index, count)
