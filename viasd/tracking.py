@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Iterable
@@ -215,10 +217,63 @@ def open_run(root: Path, experiment: str, run_name: str, tags: dict | None = Non
 
     def create():
         client = MlflowClient(tracking_uri(root))
-        return client.create_run(_experiment_id(client, experiment), run_name=run_name,
-                                 tags=_run_tags(root, run_name, tags or {}, nested)).info.run_id
+        exp_id = _experiment_id(client, experiment)
+        run_id = client.create_run(exp_id, run_name=run_name,
+                                   tags=_run_tags(root, run_name, {**owner_tags(), **(tags or {})}, nested)).info.run_id
+        if nested:  # a stage's run (parents are opened by short-lived commands: their owner is never alive)
+            end_abandoned(client, exp_id, run_name, run_id)
+        return run_id
 
     return _retrying(create, "open the run")
+
+
+def end_abandoned(client, exp_id: str, run_name: str, successor: str) -> int:
+    """End KILLED the runs named `run_name` still RUNNING whose job is gone (`_abandoned`): a job of the
+    same stage and cell killed with SIGKILL, a SLURM job cancelled or out of time. The job running again
+    now (`successor`) replaces it, so no run is left RUNNING by a job that no longer runs; the ended run
+    keeps a `viasd.superseded_by` tag. A run whose job may still be running (another machine, no SLURM
+    job to ask about) is left alone. Returns how many were ended."""
+    quoted = run_name.replace("'", "\\'")
+    stale = client.search_runs([exp_id], f"attributes.run_name = '{quoted}' and attributes.status = 'RUNNING'",
+                               max_results=100)
+    ended = 0
+    for run in stale:
+        if run.info.run_id != successor and _abandoned(run.data.tags):
+            client.set_tag(run.info.run_id, "viasd.superseded_by", successor)
+            client.set_terminated(run.info.run_id, "KILLED")
+            ended += 1
+    return ended
+
+
+def owner_tags() -> dict:
+    """Who opened a run: the host, the process (pid and its start time: pids are reused) and the SLURM
+    job, for `_abandoned` to tell later whether that job still runs."""
+    tags = {"viasd.host": socket.gethostname(), "viasd.pid": str(os.getpid()), "viasd.pid_start": _start_time(os.getpid())}
+    if os.environ.get("SLURM_JOB_ID"):
+        tags["viasd.slurm_job"] = os.environ["SLURM_JOB_ID"]
+    return tags
+
+
+def _start_time(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _abandoned(tags: dict) -> bool:
+    """Whether the job that opened a run (its `owner_tags`) has ended: its SLURM job is no longer known to
+    `squeue`, or its process on this host is gone."""
+    job = tags.get("viasd.slurm_job")
+    if job and shutil.which("squeue"):
+        proc = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True)
+        if proc.returncode == 0:
+            return not proc.stdout.strip()
+        return "invalid job id" in proc.stderr.lower()  # finished long ago; any other failure: unknown
+    if tags.get("viasd.host") == socket.gethostname() and tags.get("viasd.pid"):
+        pid = int(tags["viasd.pid"])
+        return not Path(f"/proc/{pid}").exists() or _start_time(pid) != tags.get("viasd.pid_start", "")
+    return False
 
 
 def close_run(root: Path, run_id: str, status: str, error: str | None = None) -> None:
