@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV)/bin/python -m pip install --quiet "torch==2.13.0"
-	$(VENV)/bin/python -m pip install --quiet -e ".[test]"
+	$(VENV)/bin/python -m pip install --quiet -e ".[test,slurm]"
 	touch $@
 
 study: setup

@@ -16,22 +16,21 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow_helpers import BIN, GOLDEN, copy_repo, covers, dvc_stages, run, smoke_fingerprint, snakemake_jobs, tool_env
+from workflow_helpers import (
+    BIN,
+    GOLDEN,
+    SMOKE_RUNS,
+    copy_repo,
+    covers,
+    dvc_stages,
+    expected_run_names,
+    run,
+    smoke_fingerprint,
+    snakemake_jobs,
+    tool_env,
+)
 
 SMOKE = ["--configfile", "config/smoke.yaml"]
-SMOKE_RUNS = yaml.safe_load((Path(__file__).resolve().parent.parent / "config" / "smoke.yaml").read_text())["study"]["runs"]
-
-
-def expected_run_names(pair="smoke", task="stdlib_continuation") -> list[str]:
-    names = ["prepare_corpus", f"prepare_tasks/{task}/dev", f"prepare_tasks/{task}/test", "train_model/target",
-             "train_model/draft", "train_model/independent", f"dimr_search/{pair}/path", f"train_router/{pair}",
-             "report"]
-    # thresholds per slim of the grid's viasd runs (thresholds.per_slim), and the hand rules tuned alone
-    names += [f"tune_thresholds/{pair}/{task}/{slim}" for slim in ("main", "mask_random", "independent", "rules")]
-    names += [f"{stage}/{pair}/{task}/{run}" for stage in ("decode", "evaluate") for run in SMOKE_RUNS]
-    return sorted(names)
-
-
 def snakemake(cwd: Path, *args: str, check: bool = True, timeout: float = 900):
     return run([str(BIN / "snakemake"), *args], cwd, check=check, timeout=timeout)
 

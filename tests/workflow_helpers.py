@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
@@ -99,6 +101,20 @@ def covers(parent: str, path: str) -> bool:
     return path == parent or path.startswith(parent + "/")
 
 
+SMOKE_RUNS = yaml.safe_load((REPO / "config" / "smoke.yaml").read_text())["study"]["runs"]
+
+
+def expected_run_names(pair="smoke", task="stdlib_continuation") -> list[str]:
+    names = ["prepare_corpus", f"prepare_tasks/{task}/dev", f"prepare_tasks/{task}/test", "train_model/target",
+             "train_model/draft", "train_model/independent", f"dimr_search/{pair}/path", f"train_router/{pair}",
+             "report"]
+    # thresholds per slim of the grid's viasd runs (thresholds.per_slim), and the hand rules tuned alone
+    names += [f"tune_thresholds/{pair}/{task}/{slim}" for slim in ("main", "mask_random", "independent", "rules")]
+    names += [f"{stage}/{pair}/{task}/{run}" for stage in ("decode", "evaluate") for run in SMOKE_RUNS]
+    return sorted(names)
+
+
+
 # What a smoke study produces that no code change meant to keep behaviour may change (tests/golden/): the
 # masks, the policies each threshold search tries (the DIMR slim's and the hand rules': with the smoke
 # config's trial counts every trial is a seeded start-up draw, independent of timings), the tokens of every
@@ -107,8 +123,10 @@ GOLDEN = Path(__file__).resolve().parent / "golden" / "smoke-fingerprint.json"
 FINGERPRINT_RUNS = ("ar", "sd", "cascade_sd", "spec_cascade", "viasd-oracle")
 
 
-def smoke_fingerprint(repo: Path, pair: str = "smoke", task: str = "stdlib_continuation") -> dict:
-    """The fingerprint of a finished smoke study in `repo` (see GOLDEN)."""
+def smoke_fingerprint(repo: Path, pair: str = "smoke", task: str = "stdlib_continuation",
+                      tracking_uri: str | None = None) -> dict:
+    """The fingerprint of a finished smoke study in `repo` (see GOLDEN); its runs read from `tracking_uri`
+    (default: the study's own store, mlflow.db)."""
     import json
 
     from mlflow.tracking import MlflowClient
@@ -127,7 +145,7 @@ def smoke_fingerprint(repo: Path, pair: str = "smoke", task: str = "stdlib_conti
     for run_name in FINGERPRINT_RUNS:
         rows = (repo / "reports-smoke" / "decode" / pair / task / f"{run_name}.jsonl").read_text().splitlines()
         tokens[run_name] = [json.loads(line)["token_ids"] for line in rows]
-    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    client = MlflowClient(tracking_uri or f"sqlite:///{repo / 'mlflow.db'}")
     exp = client.get_experiment_by_name("viasd-smoke")
     runs = [r for r in client.search_runs([exp.experiment_id], max_results=5000) if r.info.status == "FINISHED"]
     return {"masks": masks, "searched_policies": searches, "tokens": tokens,

@@ -58,6 +58,10 @@ def task_split_params(wildcards):
     return {k: v for k, v in config["tasks"][wildcards.task].items() if k != f"{other}_prompts"}
 
 
+# a model job asks a cluster for a GPU only where the study runs its models on one (models.device cuda or
+# cuda:N); cpu and auto ask for none (auto still uses a GPU the node has)
+GPU = 1 if str(config["models"].get("device", "auto")).startswith("cuda") else 0
+
 # what each stage reads of data/: training and the mask search never read task prompts
 CORPUS = [f"{DATA}/tokenizer", f"{DATA}/corpus", f"{DATA}/manifest.json"]
 DECODE_SPLIT = config["decode"]["split"]

@@ -22,6 +22,7 @@ rule decode:
     # against 5.2 ms/token, random weights), while two one-thread jobs side by side each keep ~95 % of their speed
     threads: 1
     resources:
+        gpu=GPU,
         mem_mb=8000,
         runtime=120,
     log:

@@ -23,6 +23,7 @@ rule dimr_search:
         runs=STUDY["runs"],
     threads: 2
     resources:
+        gpu=GPU,
         mem_mb=8000,
         runtime=120,
     log:
@@ -50,6 +51,7 @@ rule dimr_worker:
         runs=STUDY["runs"],
     threads: 2
     resources:
+        gpu=GPU,
         mem_mb=8000,
         runtime=120,
     log:

@@ -14,6 +14,7 @@ rule train_model:
         train=config["train"],
     threads: 4
     resources:
+        gpu=GPU,
         mem_mb=8000,
         runtime=240,
     log:

@@ -21,6 +21,7 @@ rule train_router:
         gamma=config["thresholds"]["gamma"],
     threads: 1
     resources:
+        gpu=GPU,
         mem_mb=8000,
         runtime=60,
     log:

@@ -25,6 +25,7 @@ rule tune_thresholds:
     # one thread (see decode.smk): the two tasks' searches run side by side on two cores
     threads: 1
     resources:
+        gpu=GPU,
         mem_mb=8000,
         runtime=120,
     log:
@@ -55,6 +56,7 @@ rule thresholds_worker:
         runs=STUDY["runs"],
     threads: 1
     resources:
+        gpu=GPU,
         mem_mb=8000,
         runtime=120,
     log:

@@ -1,0 +1,188 @@
+"""The study past one machine, on real services started here (tests/cluster_services.py): a one-node
+SLURM cluster running the README's cluster command through profiles/slurm, an MLflow tracking server on
+PostgreSQL that every job logs to, and searches fanned out over workers sharing a PostgreSQL Optuna
+storage. Marked slow; `.ci/run` installs the Debian packages."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import time
+
+import pytest
+import yaml
+from cluster_services import (
+    create_database,
+    free_port,
+    require,
+    slurm_jobs,
+    start_mlflow_server,
+    start_postgres,
+    start_slurm,
+    stop,
+    stop_postgres,
+    stop_slurm,
+    wait_for,
+)
+from workflow_helpers import BIN, GOLDEN, REPO, copy_repo, expected_run_names, run, smoke_fingerprint, tool_env
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    require("slurmctld", "slurmd", "/usr/sbin/munged", "squeue")
+    folder = tmp_path_factory.mktemp("slurm")
+    env = start_slurm(folder)
+    yield env
+    stop_slurm(folder)
+
+
+@pytest.fixture(scope="module")
+def postgres(tmp_path_factory):
+    require("runuser", *(__import__("glob").glob("/usr/lib/postgresql/*/bin/initdb")[:1] or ["initdb"]))
+    folder = tmp_path_factory.mktemp("postgres")
+    url, bindir = start_postgres(folder)
+    yield url
+    stop_postgres(folder, bindir)
+
+
+@pytest.fixture
+def repo(tmp_path):
+    return copy_repo(tmp_path / "repo")
+
+
+def readme_cluster_section() -> tuple[str, list[str]]:
+    """The README's "On a SLURM cluster" section and the `snakemake` command of its code block."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("### On a SLURM cluster", 1)[1].split("\n### ", 1)[0]
+    block = section.split("```bash", 1)[1].split("```", 1)[0]
+    lines = [line.split("#", 1)[0].strip() for line in block.splitlines()]
+    commands = [shlex.split(line) for line in lines if line.startswith("snakemake ")]
+    assert len(commands) == 1, "the README's cluster section shows one snakemake command"
+    return section, commands[0]
+
+
+def _sbatch_rules(jobs: list[dict]) -> set[str]:
+    return {re.match(r"rule_([a-z_]+?)(_wildcards_.*)?$", j["comment"]).group(1) for j in jobs}
+
+
+def test_the_slurm_profile_is_consistent():
+    """Threads are the CPUs a job asks for (no cpus_per_task overriding them), no GPU is given in the
+    profile (the rules ask for one when models.device is cuda), every set-threads rule exists."""
+    profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    assert "cpus_per_task" not in profile.get("default-resources", {})
+    for rule, resources in (profile.get("set-resources") or {}).items():
+        assert "cpus_per_task" not in resources and "gpu" not in resources, rule
+    rules = set(re.findall(r"^rule (\w+):", "\n".join(p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk")),
+                           re.M))
+    assert set(profile["set-threads"]) <= rules
+    assert "MLFLOW_TRACKING_URI" in profile["envvars"]
+    section, command = readme_cluster_section()
+    assert "profiles/slurm" in command and "MLFLOW_TRACKING_URI" in section and "mlflow server" in section
+
+
+def test_smoke_study_through_slurm_logging_to_a_postgresql_tracking_server(repo, slurm, postgres, tmp_path):
+    """The README's cluster command on a one-node SLURM cluster, every job an sbatch job logging to an
+    `mlflow server` on PostgreSQL; a job cancelled with scancel mid-run, the same command run again:
+    the same masks, searched policies and tokens as the local smoke study (tests/golden/), every stage's
+    run FINISHED exactly once and none left RUNNING, and a third run has nothing to do."""
+    port = free_port()
+    server = start_mlflow_server(BIN, create_database(postgres, "mlflow"), tmp_path / "artifacts", port,
+                                 tmp_path / "mlflow.log")
+    uri = f"http://127.0.0.1:{port}"
+    env = {**tool_env(), **slurm, "MLFLOW_TRACKING_URI": uri}
+    _, command = readme_cluster_section()
+    command = [str(BIN / command[0]), *command[1:]]
+    try:
+        log = (tmp_path / "first.log").open("w")
+        first = subprocess.Popen(command, cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+        def running_search():
+            found = [j for j in slurm_jobs(slurm) if j["comment"].startswith("rule_tune_thresholds")
+                     and j["state"] == "RUNNING"]
+            return found[0] if found else None
+
+        job = wait_for(running_search, "a running tune_thresholds job", timeout=900, proc=first)
+        wait_for(lambda: list((repo / "logs" / "tune_thresholds").glob("*.log")), "the search's log", timeout=120)
+        time.sleep(8)  # mid-stage: its MLflow run is open
+        subprocess.run(["scancel", job["id"]], env={**env}, check=True)
+        assert first.wait(timeout=600) != 0  # the workflow fails with its job
+        cancelled = [j for j in slurm_jobs(slurm) if j["id"] == job["id"]]
+        assert cancelled and cancelled[0]["state"] == "CANCELLED"
+
+        second = run(command, repo, timeout=1800)
+        jobs = slurm_jobs(slurm)
+        expected = {"prepare_corpus", "prepare_task", "train_model", "dimr_search", "train_router", "tune_thresholds",
+                    "decode", "evaluate", "report"}
+        assert _sbatch_rules(jobs) == expected  # every rule ran as an sbatch job
+        assert all(j["state"] == "COMPLETED" for j in jobs if j["id"] != job["id"] and j["state"] != "CANCELLED")
+        assert "rule_tune_thresholds" in {j["comment"].split("_wildcards")[0] for j in jobs
+                                          if j["state"] == "COMPLETED"}  # the cancelled search ran again
+        assert (repo / "reports-smoke" / "summary.md").exists()
+
+        # the same study as the local run (masks, searched policies, timing-free tokens, run names)
+        fingerprint = smoke_fingerprint(repo, tracking_uri=uri)
+        golden = json.loads(GOLDEN.read_text())
+        for key in golden:
+            assert fingerprint[key] == golden[key], f"through SLURM, the smoke study's {key} differs"
+
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(uri)
+        exp = client.get_experiment_by_name("viasd-smoke")
+        runs = client.search_runs([exp.experiment_id], max_results=5000)
+        assert not [r.info.run_name for r in runs if r.info.status == "RUNNING"]
+        finished = [r for r in runs if r.info.status == "FINISHED" and r.data.tags.get("stage") not in ("study", "trial")]
+        assert sorted(r.info.run_name for r in finished) == expected_run_names()  # each exactly once
+        killed = [r for r in runs if r.info.status == "KILLED"]
+        assert killed and all(r.info.run_name.startswith("tune_thresholds/") for r in killed)
+        assert all(r.data.tags.get("viasd.slurm_job") for r in finished)  # logged from the sbatch jobs
+        parents = {r.info.run_id: r.info.status for r in runs if r.data.tags.get("stage") == "study"}
+        assert sorted(parents.values()) == ["FAILED", "FINISHED"]
+        assert {parents.get(r.data.tags.get("mlflow.parentRunId")) for r in finished} <= {"FAILED", "FINISHED"}
+        assert not (repo / "mlflow.db").exists()  # nothing went to a local store
+
+        third = run(command, repo, timeout=600)
+        assert "Nothing to be done" in third.stdout + third.stderr
+        assert second.returncode == 0
+    finally:
+        stop(server)
+
+
+def test_searches_fanned_out_over_workers_on_a_postgresql_storage(repo, postgres):
+    """dimr.workers and thresholds.workers 2 on the smoke study, the Optuna storage on PostgreSQL: each
+    search's worker jobs run, then its own job picks from the storage, where exactly n trials completed
+    with no point run twice."""
+    import optuna
+
+    storage = create_database(postgres, "optuna")
+    (repo / "config" / "workers.yaml").write_text(yaml.safe_dump({
+        "study": {"optuna_storage": storage, "optuna_heartbeat": 5}, "dimr": {"workers": 2},
+        "thresholds": {"workers": 2}}))
+    target = "models-smoke/thresholds/smoke-stdlib_continuation"
+    run([str(BIN / "snakemake"), "--cores", "2", target, "--configfile", "config/smoke.yaml", "config/workers.yaml"],
+        repo, timeout=1800)
+    for marker in ("dimr/smoke/worker-1.json", "dimr/smoke/worker-2.json",
+                   "thresholds/smoke-stdlib_continuation/worker-1.json",
+                   "thresholds/smoke-stdlib_continuation/worker-2.json"):
+        assert json.loads((repo / "models-smoke" / "workers" / marker).read_text())["workers"] == 2
+    smoke = yaml.safe_load((repo / "config" / "smoke.yaml").read_text())
+    budgets = {"dimr": smoke["dimr"]["n_random"] + smoke["dimr"]["n_bayes"],
+               "thresholds-smoke-stdlib_continuation-main": smoke["thresholds"]["n_trials"],
+               "thresholds-smoke-stdlib_continuation-rules": smoke["thresholds"]["rules_trials"]}
+    studies = {s.study_name: s for s in optuna.get_all_study_summaries(storage)}
+    for prefix, n in budgets.items():
+        names = [name for name in studies if name.startswith(prefix)]
+        assert names, f"no study {prefix}-* in {sorted(studies)}"
+        for name in names:
+            trials = optuna.load_study(study_name=name, storage=storage).get_trials(
+                states=(optuna.trial.TrialState.COMPLETE,))
+            assert len(trials) == n, name
+            assert len({json.dumps(t.params, sort_keys=True) for t in trials}) == n, name
+    main = json.loads((repo / target / "main.json").read_text())
+    assert main["trials"] == smoke["thresholds"]["n_trials"]
+    mask = json.loads((repo / "models-smoke" / "masks" / "smoke" / "mask.json").read_text())
+    assert mask["trials"] == budgets["dimr"]
