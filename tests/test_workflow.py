@@ -321,6 +321,26 @@ def test_dvc_repro_reruns_only_what_a_parameter_change_touches(repo):
     params = yaml.safe_load((repo / "params.yaml").read_text())
     assert params["decode"]["gamma"] == gamma + 1
 
+    # a queued experiment runs in a temporary workspace that DVC deletes: its runs reach the same store
+    def decodes():
+        return [r for r in client.search_runs([exp_id], "tags.mlflow.runName = 'decode/smoke/stdlib_continuation/viasd'")
+                if r.info.status == "FINISHED"]
+
+    exp_id = client.get_experiment_by_name("viasd-smoke").experiment_id
+    before = len(decodes())
+    run([str(BIN / "dvc"), "exp", "run", "--queue", "-S", f"decode.gamma={gamma + 2}", "-n", "queued-gamma"], repo)
+    run([str(BIN / "dvc"), "queue", "start"], repo)
+    deadline = time.time() + 900
+    while True:
+        status = run([str(BIN / "dvc"), "queue", "status"], repo).stdout
+        if not any(word in status for word in ("Queued", "Running")):
+            break
+        assert time.time() < deadline, status
+        time.sleep(3)
+    assert "Success" in status and "queued-gamma" in status, status
+    assert len(decodes()) == before + 1
+    assert not list((repo / ".dvc" / "tmp" / "exps").rglob("mlflow.db"))
+
     # fewer test prompts: the task's prompt files are rebuilt, dev.jsonl hashes the same, so no training,
     # no mask search and no threshold search re-run
     params["tasks"]["stdlib_continuation"]["test_prompts"] -= 1

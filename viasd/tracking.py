@@ -27,8 +27,17 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 
+def study_root(root: Path) -> Path:
+    """Where the study's own tracking files live (the default store `mlflow.db`, `.viasd/pending-runs`):
+    `root`, the folder of params.yaml, except under a DVC experiment run in a temporary workspace
+    (`dvc exp run --queue` / `--temp`), whose stages DVC gives the project's root as `DVC_ROOT`: their
+    runs go to the same store as `dvc repro`'s, not to a folder DVC deletes."""
+    dvc_root = os.environ.get("DVC_ROOT")
+    return Path(dvc_root) if dvc_root and os.environ.get("DVC_STAGE") else Path(root)
+
+
 def tracking_uri(root: Path) -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(root).resolve() / 'mlflow.db'}"
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{study_root(root).resolve() / 'mlflow.db'}"
 
 
 PARENT_ENV = "VIASD_PARENT_RUN_ID"
@@ -385,7 +394,7 @@ def spool_run(root: Path, experiment: str, run_name: str, params: dict, metrics:
     record = {"experiment": experiment, "run_name": run_name, "params": params, "metrics": metrics,
               "tags": _run_tags(root, run_name, tags), "artifacts": [str(Path(a).resolve()) for a in artifacts],
               "series": series or {}, "children": children or [], "store": tracking_uri(root), "run_id": run_id}
-    path = Path(root) / PENDING / f"{time.time_ns()}-{uuid.uuid4().hex[:8]}.json"
+    path = study_root(root) / PENDING / f"{time.time_ns()}-{uuid.uuid4().hex[:8]}.json"
     write_text(path, json.dumps(record, default=str, sort_keys=True))
     return path
 
@@ -396,7 +405,7 @@ def deliver_pending(root: Path) -> int:
     import json
 
     delivered = 0
-    for path in sorted((Path(root) / PENDING).glob("*.json")):
+    for path in sorted((study_root(root) / PENDING).glob("*.json")):
         record = json.loads(path.read_text())
         run_id = record.get("run_id") if _exists(root, record.get("run_id")) else None
         run_id = run_id or open_run(root, record["experiment"], record["run_name"], record["tags"], nested=False)
