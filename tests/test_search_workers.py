@@ -136,3 +136,14 @@ def test_one_worker_runs_what_the_study_lacks_and_resumes(tmp_path):
 def test_a_worker_index_outside_its_count_is_refused(index, count):
     with pytest.raises(ValueError, match="index must be"):
         Worker(index, count)
+
+
+@pytest.mark.parametrize("command, key", [("tune-thresholds", "thresholds.workers"), ("dimr-search", "dimr.workers")])
+def test_a_worker_beyond_the_configured_count_is_one_clear_error(command, key, capsys):
+    from workflow_helpers import REPO
+
+    from viasd.cli import main
+
+    code = main([command, "--params", str(REPO / "params.yaml"), "--no-track", "--worker", "3"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip() == f"viasd: error: --worker 3: {key} is 1, so K must be in 1..1"
