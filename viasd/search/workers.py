@@ -168,10 +168,11 @@ def _surplus(study, number: int, n_trials: int) -> bool:
     return ahead >= n_trials
 
 
-def completed_points(storage, study_name: str) -> list[dict]:
-    """The COMPLETE trials of a stored study as points (their user attributes, with `number`)."""
+def completed_points(storage, study_name: str, attr: str) -> tuple[object, list[dict]]:
+    """A stored study's user attribute `attr` and its COMPLETE trials as points (their user attributes,
+    with `number`)."""
     import optuna
 
     study = optuna.load_study(study_name=study_name, storage=storage)
-    return [{"number": t.number, **t.user_attrs}
-            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))]
+    return study.user_attrs.get(attr), [{"number": t.number, **t.user_attrs} for t in
+                                        study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))]

@@ -299,8 +299,10 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     name = study_name(f"thresholds-{pair.name}-{task}-{slim}", searched)
     out = tune_thresholds(dev, cfg, storage, name, progress, warm_start=warm_start,
                           candidates=[{**c, "search": "rules"} for c in candidates], confirm=confirm, worker=worker)
-    if out is None:  # a worker's share: the study's cost model and trials, for the searches after it
-        return {"pass_cost_model": costs_to_json(dev.pass_cost), "worker_trials": completed_points(storage, name)}
+    if out is None:  # a worker's share: the study's cost model as stored (the first stored, if two workers measured
+        # at once: the searches after it are named by it) and its trials, for the searches after it
+        stored, points = completed_points(storage, name, "pass_cost_model")
+        return {"pass_cost_model": stored or costs_to_json(dev.pass_cost), "worker_trials": points}
     best = out["best"]
     common.setdefault("trials", {})[slim] = out["trials"]
     # the oracle router on the same dev prompts (greedy searches of the DIMR slim): the ceiling a router has
