@@ -8,8 +8,11 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -43,10 +46,11 @@ def slurm(tmp_path_factory):
 @pytest.fixture(scope="module")
 def postgres(tmp_path_factory):
     require("runuser", *(__import__("glob").glob("/usr/lib/postgresql/*/bin/initdb")[:1] or ["initdb"]))
-    folder = tmp_path_factory.mktemp("postgres")
+    folder = Path(tempfile.mkdtemp(prefix="viasd-postgres-"))  # beside pytest's folders, which postgres cannot enter
     url, bindir = start_postgres(folder)
     yield url
     stop_postgres(folder, bindir)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture
