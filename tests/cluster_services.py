@@ -44,7 +44,9 @@ def require(*programs: str) -> None:
 
 # ---------------------------------------------------------------- SLURM ----------------------------
 
-SLURM_CONF = """\
+SYSTEM_CONF = Path("/etc/slurm/slurm.conf")  # where every SLURM command, srun inside a job too, looks
+MARK = "# written by viasd's tests/cluster_services.py: a one-node test cluster"
+SLURM_CONF = MARK + """
 ClusterName=viasdtest
 SlurmctldHost={host}
 SlurmctldPort={ctld_port}
@@ -94,14 +96,18 @@ def _munge() -> None:
 
 
 def start_slurm(folder: Path) -> dict:
-    """A one-node cluster of this machine (its cores; memory is not a consumable resource); returns the
+    """A one-node cluster of this machine (its cores; memory is not a consumable resource), configured in
+    /etc/slurm/slurm.conf as a cluster's nodes are (`srun` inside a job reads it there); returns the
     environment its clients need (SLURM_CONF)."""
     _munge()
     folder.mkdir(parents=True, exist_ok=True)
     for sub in ("state", "spool"):
         (folder / sub).mkdir(exist_ok=True)
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
-    conf = folder / "slurm.conf"
+    conf = SYSTEM_CONF
+    if conf.exists() and not conf.read_text().startswith(MARK):
+        pytest.skip(f"{conf} configures another cluster")
+    conf.parent.mkdir(parents=True, exist_ok=True)
     conf.write_text(SLURM_CONF.format(host=socket.gethostname().split(".")[0], ctld_port=free_port(),
                                       slurmd_port=free_port(), dir=folder, cpus=os.cpu_count(), memory=memory))
     env = {"SLURM_CONF": str(conf)}

@@ -117,7 +117,7 @@ def test_smoke_study_through_slurm_logging_to_a_postgresql_tracking_server(repo,
         cancelled = [j for j in slurm_jobs(slurm) if j["id"] == job["id"]]
         assert cancelled and cancelled[0]["state"] == "CANCELLED"
 
-        second = run(command, repo, timeout=1800)
+        second = run(command, repo, timeout=1800, env=env)
         jobs = slurm_jobs(slurm)
         expected = {"prepare_corpus", "prepare_task", "train_model", "dimr_search", "train_router", "tune_thresholds",
                     "decode", "evaluate", "report"}
@@ -149,7 +149,7 @@ def test_smoke_study_through_slurm_logging_to_a_postgresql_tracking_server(repo,
         assert {parents.get(r.data.tags.get("mlflow.parentRunId")) for r in finished} <= {"FAILED", "FINISHED"}
         assert not (repo / "mlflow.db").exists()  # nothing went to a local store
 
-        third = run(command, repo, timeout=600)
+        third = run(command, repo, timeout=600, env=env)
         assert "Nothing to be done" in third.stdout + third.stderr
         assert second.returncode == 0
     finally:
