@@ -5,7 +5,7 @@ CORES ?= $(shell nproc)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup study smoke test lint quick
+.PHONY: setup study smoke test slow lint
 setup: $(VENV)/.installed
 
 # torch first and pinned: 2.13.0 is the CPU build this project's machines carry; a newer one pulls CUDA.
@@ -22,12 +22,13 @@ study: setup
 smoke: setup
 	snakemake --cores 2 all --configfile config/smoke.yaml
 
+# the default test run: everything but the tests marked slow (the real Snakemake/DVC/MLflow/SLURM runs)
 test: setup
-	python -m pytest -q
+	python -m pytest -q -m "not slow"
+
+# the tests marked slow: the smoke study through Snakemake, DVC and SLURM, on real services (CI runs them too)
+slow: setup
+	python -m pytest -q -m slow
 
 lint: setup
 	ruff check .
-
-# the quick loop while developing: everything but the tests marked slow (the workflow runs)
-quick: setup
-	python -m pytest -q -m "not slow"
