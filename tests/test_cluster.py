@@ -130,8 +130,14 @@ def test_smoke_study_through_slurm_logging_to_a_postgresql_tracking_server(repo,
         # the same study as the local run (masks, searched policies, timing-free tokens, run names)
         fingerprint = smoke_fingerprint(repo, tracking_uri=uri)
         golden = json.loads(GOLDEN.read_text())
-        for key in golden:
+        for key in ("masks", "searched_policies", "tokens"):
             assert fingerprint[key] == golden[key], f"through SLURM, the smoke study's {key} differs"
+        # the run names too, but a trial the cancel interrupted keeps its Optuna number, so the resumed
+        # search's trial runs may be numbered past it: their count must match, not their numbers
+        def names(found):
+            return sorted(n for n in found if not n.startswith("trial ")), sum(n.startswith("trial ") for n in found)
+
+        assert names(fingerprint["mlflow_run_names"]) == names(golden["mlflow_run_names"])
 
         from mlflow.tracking import MlflowClient
 
