@@ -5,6 +5,7 @@ storage. Marked slow; `.ci/run` installs the Debian packages."""
 
 from __future__ import annotations
 
+import glob
 import json
 import re
 import shlex
@@ -45,7 +46,7 @@ def slurm(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def postgres(tmp_path_factory):
-    require("runuser", *(__import__("glob").glob("/usr/lib/postgresql/*/bin/initdb")[:1] or ["initdb"]))
+    require("runuser", *(glob.glob("/usr/lib/postgresql/*/bin/initdb")[:1] or ["initdb"]))
     folder = Path(tempfile.mkdtemp(prefix="viasd-postgres-"))  # beside pytest's folders, which postgres cannot enter
     url, bindir = start_postgres(folder)
     yield url

@@ -370,8 +370,14 @@ EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 
 
 def _create_experiment(client, name: str) -> str:
+    """The study's experiment; on a local SQLite store its artifacts go beside the store (`mlruns/` next to
+    mlflow.db), not into whatever folder the first command happened to run from."""
+    uri = client.tracking_uri
+    location = None
+    if uri.startswith("sqlite:///"):
+        location = (Path(uri[len("sqlite:///"):]).parent / "mlruns").resolve().as_uri()
     try:
-        return client.create_experiment(name, tags=EXPERIMENT_TAGS)
+        return client.create_experiment(name, artifact_location=location, tags=EXPERIMENT_TAGS)
     except Exception:  # created meanwhile by a parallel job
         return client.get_experiment_by_name(name).experiment_id
 
