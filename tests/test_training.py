@@ -365,3 +365,30 @@ def test_an_exit_distilled_from_the_full_model_trains_and_is_recorded(study, tmp
     bad = {**arch, "early_exit_layer": 4}
     with pytest.raises(config.ConfigError, match="early_exit_layer: 4 is not below the model's 4 layers"):
         config.load(smoke_params(tmp_path, {"models": {"families": {"smoke": {"target": bad}}}}))
+
+
+def test_bfloat16_mixed_precision_trains_float32_weights_and_is_recorded(study, tmp_path):
+    from viasd.training.train import autocast, batch_at, load_token_stream, step_loss
+
+    _, params = study
+    arch = {**TINY, "train_tokens": 8000}
+    fresh = config.load(smoke_params(tmp_path, {"models": {"dir": "models-bf16", "families": {"smoke": {"target": arch}}},
+                                                "data": {"dir": str(params.data.dir)},
+                                                "train": {"precision": "bfloat16"}}))
+    out = train_model(fresh, "target", progress=False)
+    report = json.loads((out / "training.json").read_text())
+    assert (report["precision"], report["device"]) == ("bfloat16", "cpu")
+    assert math.isfinite(report["test_nll"]) and report["loss_curve"][-1] < report["loss_curve"][0]
+    assert {w.dtype for w in _weights(out).values()} == {torch.float32}  # mixed precision: the weights stay float32
+    # the forward passes do run in bfloat16: the same step's loss moves by bfloat16's rounding, no more
+    model = load_models(out, device="cpu").target.train()
+    batch = batch_at(load_token_stream(fresh.data.dir, "train"), 0, 2, 32, 0, "target")
+    arch_obj, tp = fresh.family.arch("target"), fresh.train
+    device = torch.device("cpu")
+    with autocast("float32", device):
+        exact = step_loss(model, None, arch_obj, tp, batch, 0, 0, "target").item()
+    with autocast("bfloat16", device):
+        mixed = step_loss(model, None, arch_obj, tp, batch, 0, 0, "target").item()
+    assert mixed != exact and abs(mixed - exact) < 0.02 * exact
+    with pytest.raises(config.ConfigError, match="precision"):
+        config.load(smoke_params(tmp_path, {"train": {"precision": "float16"}}))

@@ -23,6 +23,11 @@ Options:
   views of the target agree with it, not just predict the data.
 - `distill` (the draft learns the target's distribution, `T^2 KL(q_T || p_T)`, instead of the
   next-token labels: what raises acceptance).
+
+Where and how: on `models.device` (the stage's GPU when it has one), with the forward passes in
+`train.precision`: `float32`, or `bfloat16` autocast (mixed precision: weights, gradients, optimizer state
+and the losses' softmaxes stay float32, the matrix products run in bfloat16; on CPUs with AVX512-BF16 or
+AMX about 1.35x the float32 steps/s, docs/study.md "Time"). The test-split perplexity is always float32.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from ..config import ModelArch, Params, TrainParams
 from ..decoding.routing import RoutingMask, SlimVerifier
 from ..errors import ViasdError
 from ..io import atomic_dir, write_json
+from ..models import resolve_device
 from .family import count_parameters, llama_config
 
 log = logging.getLogger(__name__)
@@ -112,14 +118,25 @@ def exit_point(keep: list[int], step: int, seed: int, role: str, layer: int | No
     return int(torch.randint(1, n_kept, (1,), generator=g))
 
 
+def autocast(precision: str, device: torch.device):
+    """The forward passes' precision: a bfloat16 autocast region, or none for `float32`."""
+    if precision not in ("float32", "bfloat16"):
+        raise TrainingError(f"unknown train.precision {precision!r}; choose float32 or bfloat16")
+    if precision == "bfloat16" and device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        log.warning("train.precision bfloat16 on a CPU without native bfloat16 (AVX512-BF16 or AMX): "
+                    "float32 is likely faster here")
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16")
+
+
 @torch.no_grad()
 def perplexity(model, stream: np.ndarray, seq_len: int, max_tokens: int) -> tuple[float, float]:
     """(mean NLL in nats/token, perplexity) over consecutive windows of the first `max_tokens` tokens."""
     model.eval()
+    device = next(model.parameters()).device
     total, count = 0.0, 0
     n = min(len(stream) - 1, max_tokens)
     for start in range(0, n - seq_len, seq_len):
-        window = torch.from_numpy(stream[start : start + seq_len + 1])[None]
+        window = torch.from_numpy(stream[start : start + seq_len + 1])[None].to(device)
         logits = model(input_ids=window[:, :-1], use_cache=False).logits
         total += F.cross_entropy(logits[0].float(), window[0, 1:], reduction="sum").item()
         count += seq_len
@@ -159,8 +176,13 @@ def train_with_report(params: Params, role: str, progress: bool = True, stop_aft
     if tp.seq_len > params.family.context:
         raise TrainingError(f"train.seq_len {tp.seq_len} exceeds the family's context {params.family.context}")
     stream = load_token_stream(params.data.dir, "train")
+    device = resolve_device(params.device)
     config, model = _new_model(params, role, arch, tokenizer)
+    model.to(device)
     teacher = _teacher(params, role, config.vocab_size) if arch.distill and role != "target" else None
+    if teacher is not None:
+        teacher.to(device)
+    precision = autocast(tp.precision, device)
     tokens_per_step = tp.batch_size * tp.seq_len
     total_steps = max(1, arch.train_tokens // tokens_per_step)
     optimizer = torch.optim.AdamW(model.parameters(), lr=arch.lr, betas=(0.9, 0.95), weight_decay=tp.weight_decay)
@@ -169,13 +191,14 @@ def train_with_report(params: Params, role: str, progress: bool = True, stop_aft
         optimizer, num_warmup_steps=max(1, int(tp.warmup_fraction * total_steps)), num_training_steps=total_steps,
         min_lr_rate=0.1)
     ckpt = ckpt_dir / "checkpoint.pt"
-    step, losses, elapsed = _resume(ckpt, role, model, optimizer, scheduler, total_steps, config)
+    step, losses, elapsed = _resume(ckpt, role, model, optimizer, scheduler, total_steps, config, device)
     model.train()
     bar = tqdm(total=total_steps, initial=step, desc=f"train {role}", disable=not progress, unit="step")
     started = time.perf_counter() - elapsed
     while step < total_steps:
-        batch = batch_at(stream, step, tp.batch_size, tp.seq_len, params.seed, role)
-        loss = step_loss(model, teacher, arch, tp, batch, step, params.seed, role)
+        batch = batch_at(stream, step, tp.batch_size, tp.seq_len, params.seed, role).to(device)
+        with precision:
+            loss = step_loss(model, teacher, arch, tp, batch, step, params.seed, role)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), tp.grad_clip)
@@ -200,7 +223,9 @@ def train_with_report(params: Params, role: str, progress: bool = True, stop_aft
     test_stream = load_token_stream(params.data.dir, "test")
     nll, ppl = perplexity(model, test_stream, tp.seq_len, tp.eval_tokens)
     record = {"role": role, "family": params.family.name, "parameters": count_parameters(model),
-              **_training_record(arch, total_steps, tokens_per_step, train_seconds, losses, nll, ppl),
+              **_training_record(arch, total_steps, tokens_per_step, train_seconds, losses, nll, ppl,
+                                 tp.precision),
+              "device": device.type,
               "distilled": teacher is not None, "seed": params.seed}
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp)
@@ -224,7 +249,7 @@ def _new_model(params: Params, role: str, arch: ModelArch, tokenizer):
 
 
 def _training_record(arch: ModelArch, steps: int, tokens_per_step: int, seconds: float, losses: list[float],
-                     nll: float, ppl: float) -> dict:
+                     nll: float, ppl: float, precision: str) -> dict:
     """training.json's figures of a finished run (after role, family and parameter count)."""
     return {"steps": steps, "tokens": steps * tokens_per_step, "train_seconds": round(seconds, 1),
             "tokens_per_second": round(steps * tokens_per_step / max(seconds, 1e-9), 1),
@@ -232,7 +257,7 @@ def _training_record(arch: ModelArch, steps: int, tokens_per_step: int, seconds:
             "test_nll": round(nll, 4), "test_perplexity": round(ppl, 3), "layer_drop": arch.layer_drop,
             "layer_drop_shape": arch.layer_drop_shape, "early_exit": arch.early_exit,
             "early_exit_layer": arch.early_exit_layer, "early_exit_loss": arch.early_exit_loss,
-            "self_distill": arch.self_distill}
+            "self_distill": arch.self_distill, "precision": precision}
 
 
 def _teacher(params: Params, role: str, vocab_size: int):
@@ -250,12 +275,13 @@ def _teacher(params: Params, role: str, vocab_size: int):
     return teacher
 
 
-def _resume(ckpt: Path, role: str, model, optimizer, scheduler, total_steps: int, config) -> tuple[int, list, float]:
+def _resume(ckpt: Path, role: str, model, optimizer, scheduler, total_steps: int, config,
+            device: torch.device) -> tuple[int, list, float]:
     """(step, losses, elapsed seconds) of a checkpoint made with the same parameters, its state loaded into
     the model, optimizer and scheduler; (0, [], 0.0) without one."""
     if not ckpt.exists():
         return 0, [], 0.0
-    state = torch.load(ckpt, weights_only=False)
+    state = torch.load(ckpt, weights_only=False, map_location=device)
     if state["total_steps"] != total_steps or state["config"] != config.to_dict():
         log.warning("ignoring a checkpoint of %s made with other parameters", role)
         return 0, [], 0.0
