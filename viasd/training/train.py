@@ -185,11 +185,7 @@ def train_with_report(params: Params, role: str, progress: bool = True, stop_aft
     precision = autocast(tp.precision, device)
     tokens_per_step = tp.batch_size * tp.seq_len
     total_steps = max(1, arch.train_tokens // tokens_per_step)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=arch.lr, betas=(0.9, 0.95), weight_decay=tp.weight_decay)
-    # linear warm-up, then cosine decay to a tenth of the peak rate
-    scheduler = get_cosine_with_min_lr_schedule_with_warmup(
-        optimizer, num_warmup_steps=max(1, int(tp.warmup_fraction * total_steps)), num_training_steps=total_steps,
-        min_lr_rate=0.1)
+    optimizer, scheduler = _optimizer(model, arch, tp, total_steps)
     ckpt = ckpt_dir / "checkpoint.pt"
     step, losses, elapsed = _resume(ckpt, role, model, optimizer, scheduler, total_steps, config, device)
     model.train()
@@ -234,6 +230,15 @@ def train_with_report(params: Params, role: str, progress: bool = True, stop_aft
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     log.info("%s: test NLL %.3f (perplexity %.2f), %.0fs", role, nll, ppl, train_seconds)
     return out_dir, record
+
+
+def _optimizer(model, arch: ModelArch, tp: TrainParams, total_steps: int):
+    """(AdamW, its schedule): linear warm-up, then cosine decay to a tenth of the peak rate."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=arch.lr, betas=(0.9, 0.95), weight_decay=tp.weight_decay)
+    scheduler = get_cosine_with_min_lr_schedule_with_warmup(
+        optimizer, num_warmup_steps=max(1, int(tp.warmup_fraction * total_steps)), num_training_steps=total_steps,
+        min_lr_rate=0.1)
+    return optimizer, scheduler
 
 
 def _new_model(params: Params, role: str, arch: ModelArch, tokenizer):
