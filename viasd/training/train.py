@@ -122,7 +122,8 @@ def autocast(precision: str, device: torch.device):
     """The forward passes' precision: a bfloat16 autocast region, or none for `float32`."""
     if precision not in ("float32", "bfloat16"):
         raise TrainingError(f"unknown train.precision {precision!r}; choose float32 or bfloat16")
-    if precision == "bfloat16" and device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    native = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)  # oneDNN's own check (AVX512-BF16, AMX)
+    if precision == "bfloat16" and device.type == "cpu" and native is not None and not native():
         log.warning("train.precision bfloat16 on a CPU without native bfloat16 (AVX512-BF16 or AMX): "
                     "float32 is likely faster here")
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16")
