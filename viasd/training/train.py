@@ -26,8 +26,8 @@ Options:
 
 Where and how: on `models.device` (the stage's GPU when it has one), with the forward passes in
 `train.precision`: `float32`, or `bfloat16` autocast (mixed precision: weights, gradients, optimizer state
-and the losses' softmaxes stay float32, the matrix products run in bfloat16; on CPUs with AVX512-BF16 or
-AMX about 1.35x the float32 steps/s, docs/study.md "Time"). The test-split perplexity is always float32.
+and the losses' softmaxes stay float32, the matrix products run in bfloat16; 1.35-1.5x the float32 steps/s
+on this project's AVX512-BF16 CPUs, docs/study.md "Time"). The test-split perplexity is always float32.
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def train_with_report(params: Params, role: str, progress: bool = True, stop_aft
     teacher = _teacher(params, role, config.vocab_size) if arch.distill and role != "target" else None
     if teacher is not None:
         teacher.to(device)
-    precision = autocast(tp.precision, device)
+    forward_precision = autocast(tp.precision, device)
     tokens_per_step = tp.batch_size * tp.seq_len
     total_steps = max(1, arch.train_tokens // tokens_per_step)
     optimizer, scheduler = _optimizer(model, arch, tp, total_steps)
@@ -194,7 +194,7 @@ def train_with_report(params: Params, role: str, progress: bool = True, stop_aft
     started = time.perf_counter() - elapsed
     while step < total_steps:
         batch = batch_at(stream, step, tp.batch_size, tp.seq_len, params.seed, role).to(device)
-        with precision:
+        with forward_precision:
             loss = step_loss(model, teacher, arch, tp, batch, step, params.seed, role)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -220,9 +220,8 @@ def train_with_report(params: Params, role: str, progress: bool = True, stop_aft
     test_stream = load_token_stream(params.data.dir, "test")
     nll, ppl = perplexity(model, test_stream, tp.seq_len, tp.eval_tokens)
     record = {"role": role, "family": params.family.name, "parameters": count_parameters(model),
-              **_training_record(arch, total_steps, tokens_per_step, train_seconds, losses, nll, ppl,
-                                 tp.precision),
-              "device": device.type,
+              **_training_record(arch, total_steps, tokens_per_step, train_seconds, losses, nll, ppl),
+              "precision": tp.precision, "device": device.type,
               "distilled": teacher is not None, "seed": params.seed}
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp)
@@ -255,7 +254,7 @@ def _new_model(params: Params, role: str, arch: ModelArch, tokenizer):
 
 
 def _training_record(arch: ModelArch, steps: int, tokens_per_step: int, seconds: float, losses: list[float],
-                     nll: float, ppl: float, precision: str) -> dict:
+                     nll: float, ppl: float) -> dict:
     """training.json's figures of a finished run (after role, family and parameter count)."""
     return {"steps": steps, "tokens": steps * tokens_per_step, "train_seconds": round(seconds, 1),
             "tokens_per_second": round(steps * tokens_per_step / max(seconds, 1e-9), 1),
@@ -263,7 +262,7 @@ def _training_record(arch: ModelArch, steps: int, tokens_per_step: int, seconds:
             "test_nll": round(nll, 4), "test_perplexity": round(ppl, 3), "layer_drop": arch.layer_drop,
             "layer_drop_shape": arch.layer_drop_shape, "early_exit": arch.early_exit,
             "early_exit_layer": arch.early_exit_layer, "early_exit_loss": arch.early_exit_loss,
-            "self_distill": arch.self_distill, "precision": precision}
+            "self_distill": arch.self_distill}
 
 
 def _teacher(params: Params, role: str, vocab_size: int):
