@@ -4,6 +4,7 @@ clear error for infeasible constraints."""
 
 import json
 import math
+from statistics import NormalDist
 
 import optuna
 import pytest
@@ -121,8 +122,14 @@ def test_generate_decodes_a_study_cell_as_the_study_does(study, capsys):
 def check_the_choice(result: dict, trace: list[dict]) -> None:
     """The result is what the selection rule picks from its trace: the cheapest feasible tiered trial that
     passed the held-out confirmation, every cheaper feasible one checked and rejected first; or the
-    cheapest feasible SD point when no tiered trial saved `min_gain` or passed."""
-    feasible = [t for t in trace if t["feasible"]]
+    cheapest feasible SD point when no tiered trial saved `min_gain` or passed. A tiered trial is a candidate
+    only if its dev fidelity's lower confidence bound (recorded in the trace) meets the floor."""
+    floor = result["signature"]["config"]["quality"]["min_fidelity"]
+    z = NormalDist().inv_cdf(result["signature"]["config"]["fidelity_confidence"])
+    for t in trace:
+        if t["fidelity"] is not None:
+            assert t["fidelity_lower_bound"] == pytest.approx(t["fidelity"] - z * (t["fidelity_se"] or 0.0))
+    feasible = [t for t in trace if t["feasible"] and (t["tiers_off"] or t["fidelity_lower_bound"] >= floor)]
     sd_best = min((t for t in feasible if t["tiers_off"]), key=lambda t: t["cost_per_token"])
     checks = result["confirm"]["checks"]
     if result["tiers_off"]:
@@ -323,3 +330,53 @@ def test_the_choice_is_confirmed_on_held_out_dev_prompts(study, tmp_path):
                     key=lambda t: (t["cost_per_token"], t["number"]))
     assert len(ranked) >= 2 and [c["number"] for c in out["confirm"]] == [t["number"] for t in ranked[:2]]
     assert all(not c["feasible"] and c["violations"]["agreement"] > 0 for c in out["confirm"])
+
+
+def test_a_trial_that_met_the_fidelity_floor_by_chance_is_no_candidate():
+    """A tiered trial whose dev fidelity meets the floor only as a point estimate, its lower confidence bound
+    (f - 1.645 SE at 0.95) below it, is not chosen: the next cheapest that meets it with confidence is, and
+    with none, SD. At confidence 0.5 (the point estimate) the cheapest feasible trial is chosen."""
+    from dataclasses import replace
+
+    from viasd.metrics.quality import QualityConstraints
+    from viasd.search.thresholds import ThresholdConfig, choose
+
+    cfg = ThresholdConfig(min_gain=0.03, quality=QualityConstraints(min_fidelity=0.95, max_task_drop=None))
+
+    def point(number, cost, fidelity, se, tiers_off=False):
+        measured = {"fidelity": fidelity, "fidelity_se": se, "task_drop": None}
+        return {"number": number, "tiers_off": tiers_off, "cost_per_token": cost, **measured,
+                "violations": cfg.quality.violations(measured), "feasible": not cfg.quality.violations(measured)}
+
+    sd = point(None, 1.0, 1.0, 0.0, tiers_off=True)
+    lucky = point(1, 0.5, 0.96, 0.02)  # bound 0.927
+    sure = point(2, 0.7, 0.99, 0.01)  # bound 0.974
+    under = point(3, 0.4, 0.94, 0.001)  # infeasible
+    best, checks = choose([sd, lucky, sure, under], cfg)
+    assert best is sure and checks == []
+    assert lucky["fidelity_lower_bound"] == pytest.approx(0.96 - NormalDist().inv_cdf(0.95) * 0.02)
+    assert sd["fidelity_lower_bound"] == 1.0
+    assert choose([sd, lucky, sure, under], replace(cfg, fidelity_confidence=0.5))[0] is lucky
+    assert choose([sd, lucky, under], cfg)[0] is sd
+    # a bound met at 0.95 can be missed at 0.99: SD
+    assert choose([sd, point(4, 0.5, 0.97, 0.009)], cfg)[0]["number"] == 4
+    assert choose([sd, point(4, 0.5, 0.97, 0.009)], replace(cfg, fidelity_confidence=0.99))[0] is sd
+
+
+def test_fidelity_standard_error_over_prompts():
+    """The ratio estimator's standard error: with equal token counts it is the standard error of the mean
+    of the per-prompt fidelities; a prompt's weight grows with its tokens; None below two outputs."""
+    from statistics import stdev
+
+    from viasd.metrics.model_metrics import fidelity_standard_error
+
+    per_prompt = [1.0, 0.75, 0.5, 0.875]
+    scores = [{"fidelity": f, "tokens": 8, "nll": 1.0} for f in per_prompt]
+    assert fidelity_standard_error(scores) == pytest.approx(stdev(per_prompt) / math.sqrt(len(per_prompt)))
+    # f = 15/20; residuals m_i - f n_i = 2.5 and -2.5: SE = sqrt(2 * 12.5) / 20
+    assert fidelity_standard_error([{"fidelity": 1.0, "tokens": 10}, {"fidelity": 0.5, "tokens": 10}]) == 0.25
+    # f = 11/12; residuals 1 - 11/12 * 2 = -5/6 and 10 - 11/12 * 10 = 5/6: SE = sqrt(2 * 50/36) / 12
+    assert fidelity_standard_error([{"fidelity": 0.5, "tokens": 2}, {"fidelity": 1.0, "tokens": 10}]) == \
+        pytest.approx(math.sqrt(2 * 50 / 36) / 12)
+    assert fidelity_standard_error([{"fidelity": 0.5, "tokens": 8}, None, {"fidelity": 0.5, "tokens": 0}]) is None
+    assert fidelity_standard_error([{"fidelity": 0.5, "tokens": 8}, {"fidelity": 0.5, "tokens": 4}]) == 0.0

@@ -72,6 +72,21 @@ def score_outputs(target, prompts: list[list[int]], outputs: list[list[int]], vo
     return pooled(scores), scores
 
 
+def fidelity_standard_error(scores: list[dict | None]) -> float | None:
+    """The standard error of the pooled (token-weighted) fidelity of several outputs, the outputs (prompts)
+    being the sampling unit: a ratio estimator's linearised variance. With m_i of n_i tokens of output i
+    equal to the target's greedy choice, k outputs and f = sum m_i / sum n_i,
+    SE^2 = k / (k - 1) * sum_i (m_i - f n_i)^2 / (sum_i n_i)^2.
+    None with fewer than two scored outputs (no spread to estimate)."""
+    parts = [s for s in scores if s and s["tokens"]]
+    k, n = len(parts), sum(s["tokens"] for s in parts)
+    if k < 2:
+        return None
+    f = sum(s["fidelity"] * s["tokens"] for s in parts) / n
+    residual = sum((s["fidelity"] * s["tokens"] - f * s["tokens"]) ** 2 for s in parts)
+    return (k / (k - 1) * residual) ** 0.5 / n
+
+
 def pooled(scores: list[dict | None]) -> dict:
     """Token-weighted `fidelity` and `nll` over several outputs (None where nothing was generated)."""
     parts = [s for s in scores if s]

@@ -289,11 +289,12 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
                          engine=engine, shared=common.get("confirm"), base=base)
         common["confirm"] = confirm.shared
     log.info("tuning thresholds for %s on %s with slim %s", pair.name, task, slim)
-    # min_gain only selects among the trials: a change re-selects from the same (resumed) study
+    # min_gain and fidelity_confidence only select among the trials: a change re-selects from the same (resumed) study
     # (the same for the candidates of another search: they compete in the choice, not in the search)
     # (and for the held-out confirmation, which only checks the choice)
     searched = {**{k: v for k, v in signature.items() if k not in ("candidates", "confirm_prompts")},
-                "config": {k: v for k, v in signature["config"].items() if k not in ("min_gain", "confirm_candidates")}}
+                "config": {k: v for k, v in signature["config"].items() if k not in ("min_gain", "confirm_candidates",
+                                                                                     "fidelity_confidence")}}
     storage = optuna_storage(params.study.optuna_storage, paths["storage"], params.models_dir.parent,
                              params.search_heartbeat(params.thresholds.workers))
     name = study_name(f"thresholds-{pair.name}-{task}-{slim}", searched)
