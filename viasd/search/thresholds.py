@@ -20,8 +20,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from statistics import NormalDist
 from dataclasses import dataclass, field, replace
+from statistics import NormalDist
 
 from ..decoding.policy import TUNED_FIELDS, DecodePolicy
 from ..decoding.stats import DecodeStats
@@ -365,8 +365,8 @@ def confirm_choice(ranked: list[dict], confirm: DevSet, cfg: ThresholdConfig) ->
         measured = confirm.evaluate(policy, cfg.quality.min_fidelity)
         violations = cfg.quality.violations(measured)
         check = {"number": point.get("number"), "search": point.get("search"), "cost_per_token": point["cost_per_token"],
-                 **{k: measured[k] for k in ("fidelity", "fidelity_se", "nll", "task_score", "task_score_ar", "task_drop", "agreement",
-                                             "prompts", "pruned", "wall_per_token")},
+                 **{k: measured[k] for k in ("fidelity", "fidelity_se", "nll", "task_score", "task_score_ar", "task_drop",
+                                             "agreement", "prompts", "pruned", "wall_per_token")},
                  "violations": violations, "feasible": not violations}
         checks.append(check)
         log.info("confirming trial #%s on %d held-out dev prompts: fidelity %.3f, task drop %s: %s", point.get("number"),
