@@ -243,6 +243,9 @@ def test_killed_threshold_search_resumes(study, tmp_path):
         "pass_cost_model"]
     result = run_thresholds_stage(resumed, progress=False, slims=["main"])["main"]
     after = complete_trials(storage, "thresholds-smoke-humaneval-main")
+    # a trial the kill interrupted is marked failed by the resumed (serial) search, not left running
+    states = {t.state for t in optuna.load_study(study_name=optuna.get_all_study_names(storage)[0], storage=storage).trials}
+    assert optuna.trial.TrialState.RUNNING not in states
     # the resumed search costs its trials with the per-pass costs the killed one measured
     assert result["pass_cost_model"] == killed_costs
     costs = costs_from_json(killed_costs)

@@ -177,6 +177,8 @@ def test_smoke_study_killed_resumed_tracked_and_reported(repo):
     assert float(rows["target"][header.index("agreement")]) == 1.0
     assert 0 < float(rows["draft"][header.index("agreement")]) < 1
     assert float(rows["target"][header.index("train_seconds")]) > 0
+    # the machine's speed gauge: each trained model's steps per second, and the precision it trained in
+    assert float(rows["target"][header.index("steps_per_second")]) > 0 and rows["draft"][header.index("precision")] == "float32"
     times = {row[0]: row for row in md_rows((repo / "reports-smoke" / "tables" / "stage-times.md").read_text())}
     assert times["train_model"][1] == "3" and "decode" in times
 

@@ -19,6 +19,10 @@ budget is counted in the storage, not per process:
   them again (`RetryHeartbeatStaleTrialCallback`): the next ask runs that point. A worker whose budget is
   full of other workers' RUNNING trials waits for them to finish or go stale. Without heartbeats (a
   journal file) it stops instead, and the serial pick job completes whatever a lost worker left.
+
+A serial run (one worker, or the pick job after the workers) shares the study with no running process, so
+a trial it finds RUNNING was left by one that was killed: it is marked FAIL before the run goes on (a
+resumed study shows no trial running forever, and a sampler does not treat its point as pending).
 """
 
 from __future__ import annotations
@@ -124,6 +128,10 @@ def run_trials(study, storage, n_trials: int, sampler_for: Callable[[int], objec
     TrialState = optuna.trial.TrialState
     interval = heartbeat_interval(storage)
     poll_s = poll_s or interval or 5
+    if not worker.shared:  # no other process runs this study's trials: a RUNNING one is a stopped process's
+        for stopped in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            log.warning("trial %d was left running by a process that stopped: marked failed", stopped.number)
+            study.tell(stopped.number, state=TrialState.FAIL)
     while True:
         if interval:
             _fail_stale(study)

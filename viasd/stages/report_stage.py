@@ -52,7 +52,8 @@ def grid(params: Params) -> list[tuple[str, str, str]]:
 
 
 FAMILY_COLUMNS = (("model", "model"), ("shape", "layers × hidden"), ("parameters", "parameters"),
-                  ("train_tokens", "training tokens"), ("train_seconds", "training s"), ("test_nll", "test NLL"),
+                  ("train_tokens", "training tokens"), ("train_seconds", "training s"),
+                  ("steps_per_second", "training steps/s"), ("precision", "training precision"), ("test_nll", "test NLL"),
                   ("nll_vs_target", "NLL − target's"), ("agreement", "greedy agreement with target"),
                   ("dimr_cost", "DIMR cost"))
 
@@ -72,8 +73,8 @@ def family_rows(params: Params, pair: str) -> list[dict]:
     def row(label: str, key: str, **fields) -> dict:
         measured = agreement.get(key) or {}
         nll = measured.get("nll")
-        return {"model": label, **dict.fromkeys(("shape", "parameters", "train_tokens", "train_seconds", "test_nll",
-                                                 "dimr_cost")), **fields,
+        return {"model": label, **dict.fromkeys(("shape", "parameters", "train_tokens", "train_seconds",
+                                                 "steps_per_second", "precision", "test_nll", "dimr_cost")), **fields,
                 "agreement": measured.get("agreement"),
                 "nll_vs_target": None if nll is None or base is None else round(nll - base, 4)}
 
@@ -86,7 +87,8 @@ def family_rows(params: Params, pair: str) -> list[dict]:
         if (Path(source) / "training.json").exists():
             t = json.loads((Path(source) / "training.json").read_text())
             fields = {"parameters": t["parameters"], "train_tokens": t["tokens"], "train_seconds": t["train_seconds"],
-                      "test_nll": t["test_nll"]}
+                      "steps_per_second": round(t["steps"] / t["train_seconds"], 2) if t["train_seconds"] else None,
+                      "precision": t.get("precision", "float32"), "test_nll": t["test_nll"]}
         if (Path(source) / "config.json").exists():
             c = json.loads((Path(source) / "config.json").read_text())
             if c.get("is_encoder_decoder"):  # T5: num_decoder_layers, d_model; BART: decoder_layers, d_model
@@ -134,8 +136,10 @@ SLIM_COLUMNS = (("slim", "slim"), ("layers", "kept layers"), ("tiers_off", "tier
                 ("cost_ms_per_token", "cost ms/token (model)"), ("cost_vs_sd", "cost vs sd"),
                 ("wall_ms_per_token", "wall ms/token"), ("rejection_rate", "rejection rate"),
                 ("slim_passes_per_token", "slim passes/token"), ("full_passes_per_token", "full passes/token"),
-                ("fidelity", "fidelity"), ("task_drop", "task drop (points)"), ("agreement", "agreement"),
-                ("confirm_task_drop", "held-out task drop"), ("confirm_checks", "held-out checks (rejected)"))
+                ("fidelity", "fidelity"), ("fidelity_lower_bound", "fidelity lower bound"),
+                ("task_drop", "task drop (points)"), ("agreement", "agreement"),
+                ("confirm_fidelity", "held-out fidelity"), ("confirm_task_drop", "held-out task drop"),
+                ("confirm_checks", "held-out checks (rejected)"))
 
 
 def slim_rows(params: Params, pair: str, task: str) -> list[dict]:
@@ -153,7 +157,7 @@ def slim_rows(params: Params, pair: str, task: str) -> list[dict]:
                                                   "gate", "max_lag", "verify_lagged", "cost_vs_sd")},
                      **{f"{k}_ms_per_token": 1000 * tuned["dev"][f"{k}_per_token"] for k in ("cost", "wall")},
                      **{k: tuned["dev"].get(k) for k in ("rejection_rate", "full_passes_per_token", "fidelity",
-                                                         "task_drop", "agreement")},
+                                                         "fidelity_lower_bound", "task_drop", "agreement")},
                      "slim_passes_per_token": sum(v for k, v in (tuned["dev"].get("passes_per_token") or {}).items()
                                                   if k.split(":")[0] == "slim"),
                      **confirm_columns(tuned.get("confirm"))})
@@ -161,13 +165,13 @@ def slim_rows(params: Params, pair: str, task: str) -> list[dict]:
 
 
 def confirm_columns(confirm: dict | None) -> dict:
-    """The held-out confirmation of a tuned policy: the kept policy's task drop on the held-out dev prompts
-    and how many candidates were checked (rejected ones in brackets); empty when SD won on dev."""
+    """The held-out confirmation of a tuned policy: the kept policy's fidelity and task drop on the held-out
+    dev prompts and how many candidates were checked (rejected ones in brackets); empty when SD won on dev."""
     checks = (confirm or {}).get("checks") or []
     if not checks:
         return {}
     kept = checks[-1] if checks[-1]["feasible"] else None
-    return {"confirm_task_drop": kept["task_drop"] if kept else None,
+    return {"confirm_fidelity": kept["fidelity"] if kept else None, "confirm_task_drop": kept["task_drop"] if kept else None,
             "confirm_checks": f"{len(checks)} ({sum(not c['feasible'] for c in checks)})"}
 
 
@@ -397,7 +401,8 @@ def run_report_stage(params: Params) -> dict:
                         "wall time.")
         write_text(paths["stage-times"], f"# Wall time per workflow rule (Snakemake benchmarks/)\n\n{side_by_side}\n\n{times}")
         summary += ["## Stage times\n", "Wall time per workflow rule, from Snakemake's `benchmarks/` (the report's "
-                    f"own job is not yet in it). {side_by_side}\n", times]
+                    f"own job is not yet in it). {side_by_side} Machines of one kind differ in speed from day to day: "
+                    "the family table's training steps/s (the target's above all) is this run's gauge.\n", times]
     write_json(paths["metrics"], headline)
     write_text(paths["summary"], "\n".join(summary))
     return {"tables": len(by_cell), "runs": sum(len(v) for v in by_cell.values()), "headline": headline}

@@ -226,10 +226,10 @@ def search_signature(params: Params, pair: str, task: str, slim: str, cfg: Thres
     return json.loads(json.dumps(signature))
 
 
-DEV_KEYS = ("cost_per_token", "wall_per_token", "fidelity", "nll", "agreement", "task_metric", "task_score",
-            "task_score_ar", "task_drop", "rejection_rate", "acceptance_rate", "block_escalation_rate", "gated_rate",
-            "full_passes_per_token", "position_pass_rates", "passes_per_token", "pass_widths_per_token",
-            "speedup_model_vs_ar")
+DEV_KEYS = ("cost_per_token", "wall_per_token", "fidelity", "fidelity_se", "fidelity_lower_bound", "nll", "agreement",
+            "task_metric", "task_score", "task_score_ar", "task_drop", "rejection_rate", "acceptance_rate",
+            "block_escalation_rate", "gated_rate", "full_passes_per_token", "position_pass_rates", "passes_per_token",
+            "pass_widths_per_token", "speedup_model_vs_ar")
 
 
 def result_json(out: dict, cfg: ThresholdConfig, oracle: dict | None, signature: dict) -> dict:
