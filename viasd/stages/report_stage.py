@@ -395,17 +395,22 @@ def run_report_stage(params: Params) -> dict:
                     "much closer to the target than the draft is.\n", table,
                     f"DIMR search of `{pair}`: ![search](dimr/{pair}/search.png) ![layers](dimr/{pair}/layers.png)\n",
                     router_summary(params, pair)]
-    times = stage_times(params.models_dir.parent / "benchmarks")
-    if times:
-        side_by_side = ("Jobs whose threads fit in `--cores` run side by side, so the sums can exceed the study's "
-                        "wall time.")
-        write_text(paths["stage-times"], f"# Wall time per workflow rule (Snakemake benchmarks/)\n\n{side_by_side}\n\n{times}")
-        summary += ["## Stage times\n", "Wall time per workflow rule, from Snakemake's `benchmarks/` (the report's "
-                    f"own job is not yet in it). {side_by_side} Machines of one kind differ in speed from day to day: "
-                    "the family table's training steps/s (the target's above all) is this run's gauge.\n", times]
+    summary += stage_times_section(params, paths)
     write_json(paths["metrics"], headline)
     write_text(paths["summary"], "\n".join(summary))
     return {"tables": len(by_cell), "runs": sum(len(v) for v in by_cell.values()), "headline": headline}
+
+
+def stage_times_section(params: Params, paths: dict) -> list[str]:
+    """The stage-times table (written to its own file) and its summary section; empty without benchmarks."""
+    times = stage_times(params.models_dir.parent / "benchmarks")
+    if not times:
+        return []
+    side_by_side = "Jobs whose threads fit in `--cores` run side by side, so the sums can exceed the study's wall time."
+    write_text(paths["stage-times"], f"# Wall time per workflow rule (Snakemake benchmarks/)\n\n{side_by_side}\n\n{times}")
+    return ["## Stage times\n", "Wall time per workflow rule, from Snakemake's `benchmarks/` (the report's own job is "
+            f"not yet in it). {side_by_side} Machines of one kind differ in speed from day to day: the family table's "
+            "training steps/s (the target's above all) is this run's gauge.\n", times]
 
 
 def report_record(params: Params, out: dict) -> StageRecord:
