@@ -12,8 +12,9 @@ from search_helpers import complete_trials, kill_after_trials
 from study_fixtures import smoke_params
 
 from viasd import config, load_models
+from viasd.search.choice import InfeasibleError
 from viasd.search.pass_cost import cost_per_token, costs_from_json
-from viasd.search.thresholds import POLICY_KEYS, InfeasibleError
+from viasd.search.thresholds import POLICY_KEYS
 from viasd.stages.dimr_stage import run_dimr_stage
 from viasd.stages.router_stage import run_router_stage
 from viasd.stages.thresholds_stage import run_thresholds_stage, warm_start_points
@@ -342,7 +343,8 @@ def test_a_trial_that_met_the_fidelity_floor_by_chance_is_no_candidate():
     from dataclasses import replace
 
     from viasd.metrics.quality import QualityConstraints
-    from viasd.search.thresholds import ThresholdConfig, choose
+    from viasd.search.choice import choose
+    from viasd.search.thresholds import ThresholdConfig
 
     cfg = ThresholdConfig(min_gain=0.03, quality=QualityConstraints(min_fidelity=0.95, max_task_drop=None))
 
