@@ -385,3 +385,45 @@ def test_fidelity_standard_error_over_prompts():
         pytest.approx(math.sqrt(2 * 50 / 36) / 12)
     assert fidelity_standard_error([{"fidelity": 0.5, "tokens": 8}, None, {"fidelity": 0.5, "tokens": 0}]) is None
     assert fidelity_standard_error([{"fidelity": 0.5, "tokens": 8}, {"fidelity": 0.5, "tokens": 4}]) == 0.0
+
+
+def test_fidelity_standard_error_clusters_by_source_file():
+    """Outputs of one group (cuts of one source file) pool into one unit: two files whose cuts all agree with
+    each other give the SE of two units, not of four; each output its own group is the default."""
+    from viasd.metrics.model_metrics import fidelity_standard_error
+
+    scores = [{"fidelity": f, "tokens": 10} for f in (1.0, 1.0, 0.5, 0.5)]
+    per_output = fidelity_standard_error(scores)
+    by_file = fidelity_standard_error(scores, ["a.py", "a.py", "b.py", "b.py"])
+    # files: M = 20 and 10 of N = 20 each, f = 0.75, residuals +5 and -5: SE = sqrt(2 * 50) / 40
+    assert by_file == pytest.approx(math.sqrt(2 * 50) / 40) and by_file > per_output
+    assert fidelity_standard_error(scores, [0, 1, 2, 3]) == per_output
+    # files that mix good and bad cuts alike: no spread between files
+    assert fidelity_standard_error(scores, ["a.py", "b.py", "a.py", "b.py"]) == 0.0
+    assert fidelity_standard_error(scores, ["a.py"] * 4) is None  # one file: no spread to estimate
+    with pytest.raises(ValueError):
+        fidelity_standard_error(scores, ["a.py"])
+
+
+def test_the_search_and_held_out_prompts_come_from_disjoint_files():
+    """`split_by_group`: the two sides share no group, keep the given order, and the cut is the one nearest
+    the share n / (n + k) of the groups that leaves both sides enough; no such cut is one clear error."""
+    from viasd.tasks.base import Example, TaskError, source_file, split_by_group
+
+    # 6 files in hash order, cut round after round (as stdlib_continuation builds them): 3 cuts of the first
+    # 3 files, 2 of the others
+    examples = [Example(id=f"f{i}.py:{r * 10 + 1}", prompt="", reference="") for r in range(3) for i in range(6)
+                if r < 2 or i < 3]
+    search, held = split_by_group(examples, 4, 8, source_file)
+    assert {source_file(e) for e in search} == {"f0.py", "f1.py"}  # share 2 of 6 files; their cuts, in order
+    assert [e.id for e in search] == ["f0.py:1", "f1.py:1", "f0.py:11", "f1.py:11"]
+    assert len(held) == 8 and {source_file(e) for e in held} == {"f2.py", "f3.py", "f4.py", "f5.py"}
+    # 8 search prompts need 3 files (9 cuts); the 6 left hold 6 held-out prompts
+    search, held = split_by_group(examples, 8, 6, source_file)
+    assert len(search) == 8 and len(held) == 6 and not {source_file(e) for e in search} & {source_file(e) for e in held}
+    with pytest.raises(TaskError, match="disjoint groups"):
+        split_by_group(examples, 8, 8, source_file)
+    # ungrouped examples (each its own group) split in order; no held-out set takes the first n
+    plain = [Example(id=str(i), prompt="", reference="") for i in range(6)]
+    assert [e.id for e in split_by_group(plain, 2, 3, lambda e: e.id)[1]] == ["2", "3", "4"]
+    assert split_by_group(plain, 4, 0, lambda e: e.id) == (plain[:4], [])

@@ -72,18 +72,31 @@ def score_outputs(target, prompts: list[list[int]], outputs: list[list[int]], vo
     return pooled(scores), scores
 
 
-def fidelity_standard_error(scores: list[dict | None]) -> float | None:
-    """The standard error of the pooled (token-weighted) fidelity of several outputs, the outputs (prompts)
-    being the sampling unit: a ratio estimator's linearised variance. With m_i of n_i tokens of output i
-    equal to the target's greedy choice, k outputs and f = sum m_i / sum n_i,
-    SE^2 = k / (k - 1) * sum_i (m_i - f n_i)^2 / (sum_i n_i)^2.
-    None with fewer than two scored outputs (no spread to estimate)."""
-    parts = [s for s in scores if s and s["tokens"]]
-    k, n = len(parts), sum(s["tokens"] for s in parts)
+def fidelity_standard_error(scores: list[dict | None], groups: list | None = None) -> float | None:
+    """The standard error of the pooled (token-weighted) fidelity of several outputs: a ratio estimator's
+    linearised variance, with the `groups` as the sampling unit (cluster-robust; default: each output its
+    own group). With M_g of the N_g tokens of group g's outputs equal to the target's greedy choice, K
+    groups and f = sum M_g / sum N_g,
+    SE^2 = K / (K - 1) * sum_g (M_g - f N_g)^2 / (sum_g N_g)^2.
+
+    Why groups: prompts cut from one source file share its style and vocabulary, so a policy that does well
+    on one does well on the others; counting them as independent understates the spread. None with fewer
+    than two groups holding scored output (no spread to estimate)."""
+    if groups is None:
+        groups = list(range(len(scores)))
+    if len(groups) < len(scores):
+        raise ValueError(f"{len(scores)} scores, {len(groups)} groups")
+    matched: dict = {}
+    tokens: dict = {}
+    for s, g in zip(scores, groups):
+        if s and s["tokens"]:
+            matched[g] = matched.get(g, 0.0) + s["fidelity"] * s["tokens"]
+            tokens[g] = tokens.get(g, 0) + s["tokens"]
+    k, n = len(tokens), sum(tokens.values())
     if k < 2:
         return None
-    f = sum(s["fidelity"] * s["tokens"] for s in parts) / n
-    residual = sum((s["fidelity"] * s["tokens"] - f * s["tokens"]) ** 2 for s in parts)
+    f = sum(matched.values()) / n
+    residual = sum((matched[g] - f * tokens[g]) ** 2 for g in tokens)
     return (k / (k - 1) * residual) ** 0.5 / n
 
 

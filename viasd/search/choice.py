@@ -53,20 +53,23 @@ def confirm_choice(ranked: list[dict], confirm, cfg) -> tuple[dict | None, list[
     Why: the search keeps the cheapest of many trials that passed the constraints on the same few dev
     prompts, so it prefers trials whose task-metric drop came out low by chance (a corpus chrF drop on 24
     prompts has a standard error of about a point once most outputs diverge from `ar`'s). The chosen
-    policy's figures on dev are biased low; on prompts it was not selected on they are not.
-    Each check is `{number, search, cost_per_token (dev), fidelity, task_drop, violations, feasible, prompts}`."""
+    policy's figures on dev are biased low; on prompts it was not selected on they are not. Those come from
+    other source files than the search's (`split_by_group`): cuts of one file are alike, so held-out cuts of
+    the search's own files confirm what the search fitted (measured: 0.952 on such prompts, 0.941 on test).
+    Each check is `{number, search, cost_per_token (dev), fidelity, fidelity_se, groups, task_drop, violations, feasible,
+    prompts}`."""
     checks = []
     for point in ranked[: cfg.confirm_candidates]:
         policy = replace(confirm.base, **{k: point[k] for k in TUNED_FIELDS})
         measured = confirm.evaluate(policy, cfg.quality.min_fidelity)
         violations = cfg.quality.violations(measured)
         check = {"number": point.get("number"), "search": point.get("search"), "cost_per_token": point["cost_per_token"],
-                 **{k: measured[k] for k in ("fidelity", "fidelity_se", "nll", "task_score", "task_score_ar", "task_drop",
-                                             "agreement", "prompts", "pruned", "wall_per_token")},
+                 **{k: measured[k] for k in ("fidelity", "fidelity_se", "groups", "nll", "task_score", "task_score_ar",
+                                             "task_drop", "agreement", "prompts", "pruned", "wall_per_token")},
                  "violations": violations, "feasible": not violations}
         checks.append(check)
-        log.info("confirming trial #%s on %d held-out dev prompts: fidelity %.3f, task drop %s: %s", point.get("number"),
-                 len(confirm.prompts), measured["fidelity"], measured["task_drop"],
+        log.info("confirming trial #%s on %d held-out dev prompts (%d groups): fidelity %.3f, task drop %s: %s",
+                 point.get("number"), len(confirm.prompts), measured["groups"], measured["fidelity"], measured["task_drop"],
                  "kept" if not violations else f"rejected ({violations})")
         if not violations:
             return point, checks

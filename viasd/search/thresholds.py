@@ -189,6 +189,8 @@ class DevSet:
         tokens = max(stats.new_tokens, 1)
         agree = sum(agreement(r.token_ids, ref) for r, ref in zip(results, self.reference)) / len(results)
         scores = pooled(row_scores)
+        # prompts of one group (cuts of one source file) are not independent: the SE clusters by group
+        groups = [self.task.group(e) for e in self.examples[: len(results)]] if self.task is not None else None
         score = None if pruned else self.task_score([r.text for r in results])
         keys = stats.layouts()
         missing = missing_layouts(stats, self.pass_cost)
@@ -197,7 +199,8 @@ class DevSet:
         widths = widths_per_token(stats)
         modeled = cost_per_token(widths, self.pass_cost)
         return {"cost_per_token": modeled, "wall_per_token": stats.wall_time_s / tokens,
-                "fidelity": scores["fidelity"], "fidelity_se": fidelity_standard_error(row_scores),
+                "fidelity": scores["fidelity"], "fidelity_se": fidelity_standard_error(row_scores, groups),
+                "groups": len(set(groups)) if groups is not None else len(results),
                 "nll": scores["nll"], "agreement": agree,
                 "task_metric": self.metric, "task_score": score, "task_score_ar": self.ar_task,
                 "task_drop": task_drop(self.metric, self.ar_task, score) if self.metric and not pruned else None,

@@ -36,7 +36,7 @@ from ..study.paths import router_paths, threshold_paths
 from ..study.record import StageRecord, input_files
 from ..study.slims import load_run_models, mask_file, slim_description, slim_spec, slims_to_tune
 from ..tasks import get_task, load_examples
-from ..tasks.base import examples_path
+from ..tasks.base import TaskError, examples_path, split_by_group
 
 log = logging.getLogger(__name__)
 
@@ -142,15 +142,18 @@ def threshold_record(params: Params, pair: Pair, slim: str, out: dict, trials: l
 
 
 def dev_examples(params: Params, task: str) -> tuple[list, list]:
-    """The task's dev examples the search decodes (the first `thresholds.dev_prompts`) and the held-out ones
-    that confirm its choice (the next `thresholds.confirm_prompts`); one clear error if the split is short."""
+    """The task's dev examples the search decodes (`thresholds.dev_prompts`) and the held-out ones that confirm
+    its choice (`thresholds.confirm_prompts`), from disjoint groups of the task (source files for the stdlib
+    tasks: `split_by_group`), so that the confirmation is evidence the search could not have fitted; one clear
+    error if the split has too few."""
     examples = load_examples(params.data.dir, task, "dev")
     n, k = params.thresholds.dev_prompts, params.thresholds.confirm_prompts
-    if len(examples) < n + k:
-        raise ConfigError(f"thresholds: dev_prompts {n} + confirm_prompts {k} need {n + k} dev examples of {task}, "
-                          f"its dev split has {len(examples)}: raise tasks.{task}.dev_prompts (then `viasd "
-                          "prepare-data`) or lower thresholds.confirm_prompts")
-    return examples[:n], examples[n: n + k]
+    try:
+        return split_by_group(examples, n, k, get_task(task).group)
+    except TaskError as e:
+        raise ConfigError(f"thresholds: dev_prompts {n} + confirm_prompts {k} from disjoint source files of {task}: "
+                          f"{e}; raise tasks.{task}.dev_prompts (then `viasd prepare-data`) or lower "
+                          "thresholds.confirm_prompts") from None
 
 
 def _sd_cost(out: dict) -> float:
@@ -210,12 +213,19 @@ def slim_config(params: Params, slim: str) -> ThresholdConfig:
     return cfg
 
 
+def _prompts_digest(examples: list) -> str:
+    """A digest of which prompts a set holds (ids and prompt text): the search's and the held-out set."""
+    return hashlib.sha256(json.dumps([[e.id, e.prompt] for e in examples]).encode()).hexdigest()
+
+
 def search_signature(params: Params, pair: str, task: str, slim: str, cfg: ThresholdConfig,
                      pass_cost: dict[str, PassCost] | None, router_file, candidates: list[dict]) -> dict:
     """Everything a search's result depends on, as it reads back from the thresholds file: an equal
     signature there means the result is up to date."""
+    searched, held_out = dev_examples(params, task)
     signature = {"config": asdict(cfg), "engine": engine_options(params), "task": task,
                  "dev_prompts": params.thresholds.dev_prompts, "confirm_prompts": params.thresholds.confirm_prompts,
+                 "prompts": _prompts_digest(searched), "held_out": _prompts_digest(held_out),
                  "slim": slim, "mask": slim_description(params, pair, slim_spec(slim)), "cost_model": COST_MODEL}
     if pass_cost is not None:
         signature["pass_cost_model"] = costs_to_json(pass_cost)
@@ -226,8 +236,8 @@ def search_signature(params: Params, pair: str, task: str, slim: str, cfg: Thres
     return json.loads(json.dumps(signature))
 
 
-DEV_KEYS = ("cost_per_token", "wall_per_token", "fidelity", "fidelity_se", "fidelity_lower_bound", "nll", "agreement",
-            "task_metric", "task_score", "task_score_ar", "task_drop", "rejection_rate", "acceptance_rate",
+DEV_KEYS = ("cost_per_token", "wall_per_token", "fidelity", "fidelity_se", "fidelity_lower_bound", "groups", "nll",
+            "agreement", "task_metric", "task_score", "task_score_ar", "task_drop", "rejection_rate", "acceptance_rate",
             "block_escalation_rate", "gated_rate", "full_passes_per_token", "position_pass_rates", "passes_per_token",
             "pass_widths_per_token", "speedup_model_vs_ar")
 
@@ -292,7 +302,7 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     # min_gain and fidelity_confidence only select among the trials: a change re-selects from the same (resumed) study
     # (the same for the candidates of another search: they compete in the choice, not in the search)
     # (and for the held-out confirmation, which only checks the choice)
-    searched = {**{k: v for k, v in signature.items() if k not in ("candidates", "confirm_prompts")},
+    searched = {**{k: v for k, v in signature.items() if k not in ("candidates", "confirm_prompts", "held_out")},
                 "config": {k: v for k, v in signature["config"].items() if k not in ("min_gain", "confirm_candidates",
                                                                                      "fidelity_confidence")}}
     storage = optuna_storage(params.study.optuna_storage, paths["storage"], params.models_dir.parent,

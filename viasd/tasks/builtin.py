@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import textwrap
 
-from .base import Example, TaskError, TaskSpec
+from .base import Example, TaskError, TaskSpec, source_file
 
 HUMANEVAL_STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert ")
 # what follows a module-level function or a method: the next definition at either level; the exact end
@@ -26,9 +26,10 @@ HUMANEVAL_STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\n
 FUNCTION_STOPS = ("\ndef ", "\nclass ", "\n@", "\n    def ", "\n    async def ", "\n    @", "\nif __name__")
 
 BUILTIN = {
-    "stdlib_continuation": TaskSpec("stdlib_continuation", ("agreement", "nll", "chrf", "bleu", "exact_prefix")),
+    "stdlib_continuation": TaskSpec("stdlib_continuation", ("agreement", "nll", "chrf", "bleu", "exact_prefix"),
+                                    group=source_file),
     "stdlib_functions": TaskSpec("stdlib_functions", ("agreement", "nll", "chrf", "edit_sim", "compiles",
-                                                     "doctest_pass"), FUNCTION_STOPS),
+                                                     "doctest_pass"), FUNCTION_STOPS, group=source_file),
     "humaneval": TaskSpec("humaneval", ("agreement", "nll", "pass_at_1", "chrf"), HUMANEVAL_STOPS),
 }
 
