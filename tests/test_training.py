@@ -152,6 +152,7 @@ def test_decode_and_evaluate_commands_on_the_trained_family(study, capsys):
     for run in ("ar", "sd"):
         quality = json.loads(eval_path(params, "smoke", "stdlib_continuation", run).read_text())["quality"]
         assert quality["nll"] == pytest.approx(summaries[run]["target_nll"]) and quality["fidelity"] == 1.0
+        assert quality["fidelity_se"] == 0.0  # clustered by source file (three files here): no spread when lossless
     assert main(["decode", *base, "--run", "sd-no_tier2"]) == 2
     assert "no_tier2 is a VIA-SD ablation" in capsys.readouterr().err
     # a VIA-SD run whose thresholds were never tuned (the session's study folder may hold tuned ones: hidden here)

@@ -4,7 +4,8 @@ measures (fidelity, the target's NLL) come from the decode, which scored each ou
 teacher-forced pass; this stage loads no model, only the tokenizer.
 
 Output per run: reports/eval/<pair>/<task>/<run>.json — the decode summary (statistics, speedup vs ar)
-plus `quality`, the three measures of docs/quality.md: `fidelity` (and the target's `nll`), the
+plus `quality`, the three measures of docs/quality.md: `fidelity` (its standard error `fidelity_se`,
+clustered by source file, and the target's `nll`), the
 task's metrics with the main one also scored on the `ar` output of the same prompts (`<metric>_ar`)
 and its drop in points (`task_drop`), and `agreement`.
 """
@@ -60,10 +61,15 @@ def _evaluate_run(params: Params, pair_name: str, task: str, run: str, summary: 
                   spec, tokenizer, ar_scores: dict) -> dict:
     from ..evaluation import metric_score, task_quality
     from ..io import write_json
+    from ..metrics.model_metrics import fidelity_standard_error
     from ..metrics.quality import main_metric, task_drop
 
     quality = task_quality(spec, chosen, rows)
     quality["fidelity"] = summary["fidelity"]  # pooled over the rows by the decode
+    # its standard error, clustered by the task's groups (source files: cuts of one file are alike)
+    quality["fidelity_se"] = fidelity_standard_error(
+        [{"fidelity": r["fidelity"], "tokens": len(r["token_ids"])} if r.get("fidelity") is not None else None
+         for r in rows], [spec.group(e) for e in chosen])
     metric = main_metric(spec.metrics)
     if metric is not None:
         ar_texts = [tokenizer.decode(r.get("ar_token_ids", r["token_ids"]), skip_special_tokens=True) for r in rows]

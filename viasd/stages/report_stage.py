@@ -42,7 +42,7 @@ COLUMNS = (("run", "run"), ("method", "method"), ("ablation", "ablation"), ("rej
            ("position_escalation_rate", "positions escalated"), ("slim_error_rate", "slim wrong (oracle)"),
            ("lagged_rolled_back", "rolled back"), ("tokens_per_second", "tokens/s"))
 # the three quality measures, first in every table (docs/quality.md); the task's own metrics follow
-QUALITY_FIRST = ("fidelity", "task_drop", "agreement")
+QUALITY_FIRST = ("fidelity", "fidelity_se", "task_drop", "agreement")
 
 
 def grid(params: Params) -> list[tuple[str, str, str]]:
