@@ -84,7 +84,7 @@ def fidelity_standard_error(scores: list[dict | None], groups: list | None = Non
     than two groups holding scored output (no spread to estimate)."""
     if groups is None:
         groups = list(range(len(scores)))
-    if len(groups) < len(scores):
+    if len(groups) != len(scores):
         raise ValueError(f"{len(scores)} scores, {len(groups)} groups")
     matched: dict = {}
     tokens: dict = {}

@@ -23,13 +23,15 @@ from ..study.record import StageRecord, cell_tags, input_files, scalars
 from ..study.slims import slim_description
 
 
-def score_rows(models, prompts: list[list[int]], rows: list[dict], cache: dict, policy: DecodePolicy) -> dict:
+def score_rows(models, prompts: list[list[int]], rows: list[dict], cache: dict, policy: DecodePolicy,
+               groups: list[str]) -> dict:
     """Fidelity and the target's NLL of each row's output (one teacher-forced target pass per distinct
     output, written into the row; the target as `policy`'s generation settings process it, the same for
-    every run), pooled over the rows by tokens. `cache` maps (prompt index, output tokens) to a score: the
-    runs of one decode job that wrote the same tokens as another (every lossless run writes `ar`'s) are
-    scored once."""
-    from ..metrics.model_metrics import pooled
+    every run), pooled over the rows by tokens, and the pooled fidelity's standard error clustered by the
+    rows' `groups` (`TaskSpec.group`: cuts of one source file are alike). `cache` maps (prompt index, output
+    tokens) to a score: the runs of one decode job that wrote the same tokens as another (every lossless run
+    writes `ar`'s) are scored once."""
+    from ..metrics.model_metrics import fidelity_standard_error, pooled
 
     scores = []
     for i, (prompt, row) in enumerate(zip(prompts, rows)):
@@ -38,7 +40,7 @@ def score_rows(models, prompts: list[list[int]], rows: list[dict], cache: dict, 
             cache[key] = models.score([prompt], [row["token_ids"]], policy)[1][0]
         scores.append(cache[key])
         row["fidelity"], row["target_nll"] = (cache[key]["fidelity"], cache[key]["nll"]) if cache[key] else (None, None)
-    return pooled(scores)
+    return {**pooled(scores), "fidelity_se": fidelity_standard_error(scores, groups)}
 
 
 def run_decode_stage(params: Params, pair_name: str, task: str, runs: Sequence[str] | None = None,
@@ -68,11 +70,12 @@ def run_decode_stage(params: Params, pair_name: str, task: str, runs: Sequence[s
     cells = {spec.name: (models[spec.name], policies[spec.name]) for spec in specs if spec.method != "ar"}
     rows, stats, ar_rows, ar_stats = decode_side_by_side(ar_models, reference, cells, examples, task_spec, progress)
     prompts = [e.prompt_ids if e.prompt_ids is not None else ar_models.encode(e.prompt) for e in examples]
+    groups = [task_spec.group(e) for e in examples]
     scored: dict = {}
     summaries = []
     for spec in specs:
         run_rows, run_stats = (rows[spec.name], stats[spec.name]) if spec.name in cells else (ar_rows, ar_stats)
-        target_scores = score_rows(ar_models, prompts, run_rows, scored, reference)
+        target_scores = score_rows(ar_models, prompts, run_rows, scored, reference, groups)
         summaries.append(_write_run(params, pair.name, task, spec, split, run_rows, run_stats, ar_stats, target_scores,
                                     policies[spec.name], inputs[spec.name]))
     return summaries
@@ -80,7 +83,8 @@ def run_decode_stage(params: Params, pair_name: str, task: str, runs: Sequence[s
 
 def _write_run(params: Params, pair: str, task: str, spec: RunSpec, split: str, rows: list[dict], stats, ar_stats,
                target_scores: dict, policy: DecodePolicy, inputs: dict) -> dict:
-    """Write one run's rows and summary (`target_scores`: its pooled fidelity and NLL); returns the summary."""
+    """Write one run's rows and summary (`target_scores`: its pooled fidelity, the fidelity's standard error and
+    the pooled NLL); returns the summary."""
     from ..io import write_json, write_jsonl
 
     summary = stats.as_dict()
@@ -92,7 +96,8 @@ def _write_run(params: Params, pair: str, task: str, spec: RunSpec, split: str, 
         # earlier stop), so the ratio of total times would charge it for its length, not its speed
         "speedup_vs_ar": (stats.tokens_per_second / ar_stats.tokens_per_second)
         if stats.tokens_per_second and ar_stats.tokens_per_second else None,
-        "fidelity": target_scores["fidelity"], "target_nll": target_scores["nll"],
+        "fidelity": target_scores["fidelity"], "fidelity_se": target_scores["fidelity_se"],
+        "target_nll": target_scores["nll"],
         "policy": {k: v for k, v in policy.as_record().items() if k not in ("sampling", "eos_token_ids", "stop_strings")},
         "inputs": {k: str(v) for k, v in inputs.items()},
         "slim": slim_description(params, pair, spec),

@@ -61,15 +61,11 @@ def _evaluate_run(params: Params, pair_name: str, task: str, run: str, summary: 
                   spec, tokenizer, ar_scores: dict) -> dict:
     from ..evaluation import metric_score, task_quality
     from ..io import write_json
-    from ..metrics.model_metrics import fidelity_standard_error
     from ..metrics.quality import main_metric, task_drop
 
     quality = task_quality(spec, chosen, rows)
     quality["fidelity"] = summary["fidelity"]  # pooled over the rows by the decode
-    # its standard error, clustered by the task's groups (source files: cuts of one file are alike)
-    quality["fidelity_se"] = fidelity_standard_error(
-        [{"fidelity": r["fidelity"], "tokens": len(r["token_ids"])} if r.get("fidelity") is not None else None
-         for r in rows], [spec.group(e) for e in chosen])
+    quality["fidelity_se"] = summary.get("fidelity_se")  # and its SE, by source file (none in older decodes)
     metric = main_metric(spec.metrics)
     if metric is not None:
         ar_texts = [tokenizer.decode(r.get("ar_token_ids", r["token_ids"]), skip_special_tokens=True) for r in rows]

@@ -219,10 +219,10 @@ def _prompts_digest(examples: list) -> str:
 
 
 def search_signature(params: Params, pair: str, task: str, slim: str, cfg: ThresholdConfig,
-                     pass_cost: dict[str, PassCost] | None, router_file, candidates: list[dict]) -> dict:
+                     pass_cost: dict[str, PassCost] | None, router_file, candidates: list[dict],
+                     searched: list, held_out: list) -> dict:
     """Everything a search's result depends on, as it reads back from the thresholds file: an equal
-    signature there means the result is up to date."""
-    searched, held_out = dev_examples(params, task)
+    signature there means the result is up to date. `searched`, `held_out`: `dev_examples`."""
     signature = {"config": asdict(cfg), "engine": engine_options(params), "task": task,
                  "dev_prompts": params.thresholds.dev_prompts, "confirm_prompts": params.thresholds.confirm_prompts,
                  "prompts": _prompts_digest(searched), "held_out": _prompts_digest(held_out),
@@ -277,7 +277,9 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     paths = threshold_paths(params, task, pair.name, slim)
     spec = slim_spec(slim)
     engine = engine_options(params)
-    signature = search_signature(params, pair.name, task, slim, cfg, pass_cost, router_file, candidates)
+    examples, held_out = dev_examples(params, task)
+    signature = search_signature(params, pair.name, task, slim, cfg, pass_cost, router_file, candidates, examples,
+                                 held_out)
     if paths["json"].exists() and json.loads(paths["json"].read_text()).get("signature") == signature:
         log.info("thresholds %s are up to date; nothing to do", paths["json"])
         return {**json.loads(paths["json"].read_text()), "up_to_date": True}
@@ -286,7 +288,6 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
         from ..training.router import load_router
 
         models.router = load_router(router_file)
-    examples, held_out = dev_examples(params, task)
     max_new = params.max_new_tokens(task)
     common = {} if common is None else common
     base = search_base(params, task)

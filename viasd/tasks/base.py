@@ -7,8 +7,10 @@ when the prompt was cut from a token stream, so decoding sees exactly those ids.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from itertools import accumulate
 from pathlib import Path
 
 from ..errors import ViasdError
@@ -72,11 +74,9 @@ def split_by_group(examples: list[Example], n: int, k: int, group: Callable[[Exa
         if len(examples) < n:
             raise TaskError(f"{n} examples asked, {len(examples)} given")
         return examples[:n], []
-    order = list(dict.fromkeys(group(e) for e in examples))
-    sizes = {g: 0 for g in order}
-    for e in examples:
-        sizes[group(e)] += 1
-    before = [sum(sizes[g] for g in order[:s]) for s in range(len(order) + 1)]
+    sizes = Counter(group(e) for e in examples)  # keys in order of first appearance
+    order = list(sizes)
+    before = [0, *accumulate(sizes[g] for g in order)]  # before[s]: the examples of the first s groups
     cuts = [s for s in range(1, len(order)) if before[s] >= n and len(examples) - before[s] >= k]
     if not cuts:
         raise TaskError(f"{n} + {k} examples from disjoint groups: the {len(examples)} examples of {len(order)} "
