@@ -173,6 +173,39 @@ def test_fit_recovers_a_known_logistic_model(tmp_path):
         load_router(tmp_path / "bad.json")
 
 
+def test_fit_chooses_the_probe_and_l2_on_validation_decodes():
+    """`fit_router` with candidates: a probe of pure noise (many dimensions, few rows) is left out, a probe
+    that carries the signal is kept; each head's L2 is one of the candidates, the choice is traced with its
+    validation loss, and the held-out decodes take no part in it (the same fit without them gives the same
+    choice)."""
+    g = torch.Generator().manual_seed(0)
+    n, h = 3000, 200
+    features = torch.randn((n, len(FEATURES)), generator=g)
+    hidden = torch.randn((n, h), generator=g)
+    groups = torch.arange(n) // 30
+
+    def rows(signal):
+        logits = 1.5 * signal + 0.5
+        return {"features": features, "hidden": hidden, "group": groups,
+                "draft_right": (torch.rand(n, generator=g) < torch.sigmoid(logits)).float(),
+                "slim_right": (torch.rand(n, generator=g) < torch.sigmoid(-logits)).float()}
+
+    noise = fit_router(rows(features[:, 0]), (0, 6), (1e-5, 1e-2), seed=2)
+    assert noise.probe_layers == 0 and noise.info["probe_dims"] == 0
+    assert noise.probabilities(features[:3])[1].shape == (3,)  # no hidden state needed
+    trace = noise.info["selection"]
+    assert len(trace) == 2 * 2 * 2 and {r["probe_layers"] for r in trace} == {0, 6}
+    for head in ("draft", "slim"):
+        chosen = noise.info[head]["l2"]
+        assert chosen in (1e-5, 1e-2)
+        own = [r for r in trace if r["head"] == head and r["probe_layers"] == 0]
+        assert chosen == min(own, key=lambda r: r["validation_log_loss"])["l2"]
+    probed = fit_router(rows(hidden[:, :4].sum(-1)), (0, 6), (1e-5, 1e-2), seed=2)
+    assert probed.probe_layers == 6 and probed.info["slim"]["auc"] > 0.8
+    single = fit_router(rows(features[:, 0]), 0, 1e-3, seed=2)
+    assert single.info["selection"] == [] and single.info["l2"] == {"draft": 1e-3, "slim": 1e-3}
+
+
 def test_catch_up_is_folded_into_the_blocks_full_pass(model_sets, tokenizer):
     """max_lag: the block after the lag grows too long goes to the full model, one pass that catches up
     and verifies; every full pass is an escalated block's."""

@@ -279,8 +279,8 @@ class RouterParams:
     prompts: int = 64
     prompt_tokens: int = 128
     max_new_tokens: int = 128
-    probe: bool = True
-    l2: float = 1e-3
+    probe: bool | str = "auto"      # True | False | "auto": chosen on validation decodes
+    l2: float | tuple[float, ...] = (1e-5, 1e-4, 1e-3, 1e-2)  # several: chosen per head on validation decodes
     holdout: float = 0.25
 
 

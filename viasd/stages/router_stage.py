@@ -3,9 +3,10 @@
 Rows: oracle decodes (`router: oracle`) of the calibration windows' first `router.prompt_tokens` tokens,
 `router.max_new_tokens` new tokens each, at block length `router.gamma` (default: the largest gamma the
 threshold search tries, so that every block position it can pick is seen). The calibration split is the
-one the mask search uses: no task prompt, dev or test, is read. Fit and held-out figures:
-`training.router`. Outputs: `models/routers/<pair>/main.json` (the router, its held-out AUC / ECE and the
-oracle decodes' figures) and `reports/router/<pair>/reliability.png`.
+one the mask search uses: no task prompt, dev or test, is read. Fit, the choice of probe and L2 on
+validation decodes (`router.probe: auto`, a list of `router.l2`), and held-out figures: `training.router`.
+Outputs: `models/routers/<pair>/main.json` (the router, its held-out AUC / ECE and the oracle decodes'
+figures) and `reports/router/<pair>/reliability.png`.
 """
 
 from __future__ import annotations
@@ -72,15 +73,16 @@ def run_router_stage(params: Params, pair_name: str | None = None, progress: boo
         parts.append(models.generate(window[: cfg["prompt_tokens"]].tolist(), policy, router_rows=rows).stats)
     collect_seconds = time.perf_counter() - start
     data = rows.tensors()
-    probe = prefix_length(keep) if cfg["probe"] and data["hidden"].shape[1] else 0
-    if cfg["probe"] and not probe:
+    available = prefix_length(keep) if cfg["probe"] is not False and data["hidden"].shape[1] else 0
+    if cfg["probe"] is not False and not available:
         log.info("router: no probe (the decode shares no trunk with the full model: decode.reuse off or a mask "
                  "without layer 0)")
+    probes = (0, available) if cfg["probe"] == "auto" else (available,)
     start = time.perf_counter()
-    router = fit_router(data, probe, cfg["l2"], cfg["holdout"], params.seed)
+    router = fit_router(data, probes, cfg["l2"], cfg["holdout"], params.seed)
     fit_seconds = time.perf_counter() - start
     stats = DecodeStats.merge(parts)
-    width = len(router.features) + (data["hidden"].shape[1] if probe else 0)
+    width = len(router.features) + (data["hidden"].shape[1] if router.probe_layers else 0)
     router.info.update({
         "pair": pair.name, "keep_layers": keep, "collect": {k: cfg[k] for k in ("gamma", "prompts", "prompt_tokens",
                                                                                 "max_new_tokens")},
@@ -100,7 +102,8 @@ def run_router_stage(params: Params, pair_name: str | None = None, progress: boo
                "oracle_position_escalation_rate": stats.position_escalation_rate,
                "collect_seconds": collect_seconds, "fit_seconds": fit_seconds,
                "decision_seconds_per_block": router.info["decision_seconds_per_block"]}
-    return {"pair": pair.name, "config": {**cfg, "probe_layers": probe}, "metrics": metrics,
+    return {"pair": pair.name, "config": {**cfg, "probe_layers": router.probe_layers, "l2_draft": router.info["l2"]["draft"],
+                                          "l2_slim": router.info["l2"]["slim"]}, "metrics": metrics,
             "artifacts": [paths["router"], paths["plot"]]}
 
 
