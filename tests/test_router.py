@@ -3,6 +3,7 @@ loop, the router's training rows, the fit (hand-computed AUC / ECE, recovery of 
 the passes the engine no longer loses (catch-up folded into the block's full pass, block re-verification)."""
 
 import json
+from dataclasses import replace
 import math
 
 import pytest
@@ -265,6 +266,20 @@ def test_router_stage_fits_and_a_decode_uses_it(study):
     r = _run(models, prompt, method="viasd", router="learned", tau_accept=0.6, tau_slim=0.6, reuse=True)
     check_accounting(r.stats)
     assert len(r.token_ids) == N_NEW and r.stats.router_time_s > 0
+
+
+def test_decode_key_shares_a_decode_only_between_identical_runs():
+    """Runs decode alike iff their policies are equal and so are their slims, unless every tier is off (no
+    slim pass runs then): the decode stage decodes such runs once (`same_decode_as`)."""
+    from viasd.stages.decode_stage import decode_key
+
+    tuned = DecodePolicy(method="viasd", gamma=3, tau_accept=0.9, tau_slim=0.7, max_new_tokens=8)
+    off = DecodePolicy(method="viasd", gamma=4, tau_accept=math.inf, tau_slim=math.inf, max_new_tokens=8)
+    assert decode_key(tuned, [0, 1, 2]) == decode_key(tuned, [0, 1, 2]) != decode_key(tuned, [0, 2, 4])
+    assert decode_key(off, [0, 1, 2]) == decode_key(off, "independent") == decode_key(off, [3, 5])
+    assert decode_key(off, [0, 1, 2]) != decode_key(tuned, [0, 1, 2])
+    assert decode_key(DecodePolicy(method="sd", gamma=4), None) != decode_key(off, None)  # another method
+    assert decode_key(tuned, [0, 1]) != decode_key(replace(tuned, tau_slim=0.8), [0, 1])
 
 
 def test_headroom_share_by_hand():

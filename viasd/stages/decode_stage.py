@@ -4,6 +4,10 @@ every run of `study.runs`) on the task's test split, with one load of the pair.
 Each prompt is decoded once with greedy `ar` and once with every run, one after another in an order
 that rotates from prompt to prompt, so each run's `speedup_vs_ar` (its tokens per second over ar's)
 is a ratio measured side by side in the same process and machine state, and agreement with the target's greedy output is exact.
+Runs that would decode exactly alike (`decode_key`: the same policy and the same slim, or tiers off, where
+no slim pass runs) are decoded once, under the first one's name; the others take its rows and statistics
+and say so (`same_decode_as` in their summary): with a tuned policy that is SD for several ablations, or a
+baseline mask that is the DIMR mask itself, a second decode would only measure the same passes again.
 Outputs (named by pair, task and run):
   reports/decode/<pair>/<task>/<run>.jsonl   one row per example: tokens, text, statistics, ar tokens
   reports/decode/<pair>/<task>/<run>.json    summed statistics, speedup vs ar, the policy used
@@ -11,6 +15,8 @@ Outputs (named by pair, task and run):
 
 from __future__ import annotations
 
+import copy
+import json
 from collections.abc import Sequence
 
 from ..config import Params
@@ -43,6 +49,14 @@ def score_rows(models, prompts: list[list[int]], rows: list[dict], cache: dict, 
     return {**pooled(scores), "fidelity_se": fidelity_standard_error(scores, groups)}
 
 
+def decode_key(policy: DecodePolicy, slim) -> str:
+    """What decides a run's tokens and passes: its policy and its slim (`slim_description`: the kept layers or
+    `independent`), the slim left out when `viasd`'s tiers are all off (every block is then a plain `sd` block
+    and no slim pass runs). Equal keys: the same decode."""
+    uses_slim = policy.needs_slim and not (policy.method == "viasd" and policy.tiers_off)
+    return json.dumps([policy.as_record(), slim if uses_slim else None], sort_keys=True, default=str)
+
+
 def run_decode_stage(params: Params, pair_name: str, task: str, runs: Sequence[str] | None = None,
                      limit: int | None = None, progress: bool = True) -> list[dict]:
     """Decode the task split with `runs` (default: `study.runs`) side by side with `ar`, one load of the
@@ -67,24 +81,31 @@ def run_decode_stage(params: Params, pair_name: str, task: str, runs: Sequence[s
         if policy.router == "learned":
             models[name].router = load_pair_router(params, pair.name)
     ar_models = next(iter(models.values()))
-    cells = {spec.name: (models[spec.name], policies[spec.name]) for spec in specs if spec.method != "ar"}
+    first: dict[str, str] = {}  # decode key -> the first run with it
+    same_as = {spec.name: first.setdefault(decode_key(policies[spec.name], slim_description(params, pair.name, spec)),
+                                           spec.name)
+               for spec in specs if spec.method != "ar"}
+    cells = {name: (models[name], policies[name]) for name, source in same_as.items() if source == name}
     rows, stats, ar_rows, ar_stats = decode_side_by_side(ar_models, reference, cells, examples, task_spec, progress)
+    for name, source in same_as.items():
+        if source != name:
+            rows[name], stats[name] = copy.deepcopy(rows[source]), stats[source]
     prompts = [e.prompt_ids if e.prompt_ids is not None else ar_models.encode(e.prompt) for e in examples]
     groups = [task_spec.group(e) for e in examples]
     scored: dict = {}
     summaries = []
     for spec in specs:
-        run_rows, run_stats = (rows[spec.name], stats[spec.name]) if spec.name in cells else (ar_rows, ar_stats)
+        run_rows, run_stats = (rows[spec.name], stats[spec.name]) if spec.name in same_as else (ar_rows, ar_stats)
         target_scores = score_rows(ar_models, prompts, run_rows, scored, reference, groups)
         summaries.append(_write_run(params, pair.name, task, spec, split, run_rows, run_stats, ar_stats, target_scores,
-                                    policies[spec.name], inputs[spec.name]))
+                                    policies[spec.name], inputs[spec.name], same_as.get(spec.name, spec.name)))
     return summaries
 
 
 def _write_run(params: Params, pair: str, task: str, spec: RunSpec, split: str, rows: list[dict], stats, ar_stats,
-               target_scores: dict, policy: DecodePolicy, inputs: dict) -> dict:
+               target_scores: dict, policy: DecodePolicy, inputs: dict, decoded_as: str) -> dict:
     """Write one run's rows and summary (`target_scores`: its pooled fidelity, the fidelity's standard error and
-    the pooled NLL); returns the summary."""
+    the pooled NLL; `decoded_as`: the run whose decode it shares, its own name if none); returns the summary."""
     from ..io import write_json, write_jsonl
 
     summary = stats.as_dict()
@@ -101,6 +122,7 @@ def _write_run(params: Params, pair: str, task: str, spec: RunSpec, split: str, 
         "policy": {k: v for k, v in policy.as_record().items() if k not in ("sampling", "eos_token_ids", "stop_strings")},
         "inputs": {k: str(v) for k, v in inputs.items()},
         "slim": slim_description(params, pair, spec),
+        "same_decode_as": decoded_as if decoded_as != spec.name else None,
     })
     paths = decode_paths(params, pair, task, spec.name)
     write_jsonl(paths["rows"], rows)
@@ -113,6 +135,7 @@ def decode_record(params: Params, pair_name: str, task: str, spec: RunSpec, summ
     pair = params.pair(pair_name)
     return StageRecord(
         "decode", f"decode/{pair.name}/{task}/{spec.name}",
-        {"policy": summary["policy"], "split": summary["split"], "examples": summary["examples"], "slim": summary["slim"]},
+        {"policy": summary["policy"], "split": summary["split"], "examples": summary["examples"], "slim": summary["slim"],
+         "same_decode_as": summary.get("same_decode_as") or "none"},
         scalars(summary) | {f"passes.{k}": v for k, v in summary["passes"].items()}, cell_tags(pair, task, spec),
         [decode_paths(params, pair.name, task, spec.name)["summary"]], inputs=input_files(params, pair, task, spec.name))

@@ -296,6 +296,19 @@ def oracle_headroom(evals: list[dict], costs: dict | None) -> str:
             f"examined, where the slim was wrong on {f(by_run['viasd-oracle'].get('slim_error_rate'))} (oracle run).\n")
 
 
+def shared_decodes(evals: list[dict]) -> str:
+    """One line naming the runs that took another run's decode (`same_decode_as`), or nothing."""
+    same: dict[str, list[str]] = {}
+    for e in evals:
+        if e.get("same_decode_as"):
+            same.setdefault(e["same_decode_as"], []).append(e["run"])
+    if not same:
+        return ""
+    parts = "; ".join(f"{', '.join(f'`{r}`' for r in runs)} as `{source}`" for source, runs in same.items())
+    return (f"Decoded once for several runs (the same policy and slim, or every tier off, where no slim pass runs), "
+            f"so their rows and times are one measurement: {parts}.\n")
+
+
 def router_summary(params: Params, pair: str) -> str:
     """The pair's learned router: held-out AUC and ECE of both heads, and its reliability plot."""
     path = router_paths(params, pair)["router"]
@@ -369,7 +382,7 @@ def run_report_stage(params: Params) -> dict:
         summary += [f"## {pair} on {task}\n",
                     "Quality three ways: `fidelity` = share of tokens equal to the target's greedy choice given "
                     "the generated prefix; `task_drop` = points of the task metric below `ar` on the same prompts; "
-                    "`agreement` = positional equality with `ar`'s output.\n", table,
+                    "`agreement` = positional equality with `ar`'s output.\n", table, shared_decodes(evals),
                     f"![frontier](plots/{key}-frontier.png) ![tiers](plots/{key}-tiers.png)\n",
                     "Slim-tier pass rate by block position (share of the positions the tiers examined that they "
                     "settled without the full model; a block skips the full model only if every position passes):\n",
