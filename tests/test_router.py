@@ -3,8 +3,8 @@ loop, the router's training rows, the fit (hand-computed AUC / ECE, recovery of 
 the passes the engine no longer loses (catch-up folded into the block's full pass, block re-verification)."""
 
 import json
-from dataclasses import replace
 import math
+from dataclasses import replace
 
 import pytest
 import torch
