@@ -427,37 +427,3 @@ def test_the_search_and_held_out_prompts_come_from_disjoint_files():
     plain = [Example(id=str(i), prompt="", reference="") for i in range(6)]
     assert [e.id for e in split_by_group(plain, 2, 3, lambda e: e.id)[1]] == ["2", "3", "4"]
     assert split_by_group(plain, 4, 0, lambda e: e.id) == (plain[:4], [])
-
-
-def test_the_learned_routers_thresholds_are_searched_as_log_risk(tmp_path):
-    """With `tau_router_log_risk` the risk `1 - tau` is log-uniform on `1 - tau_router` (a calibrated
-    threshold is an error rate): drawn taus stay in range and lean towards 1; a point of another search maps
-    back to the same policy (`search_params`); a range reaching 1 is one clear error."""
-    from dataclasses import replace
-
-    from viasd import DecodePolicy
-    from viasd.config import ConfigError
-    from viasd.search.thresholds import ThresholdConfig, search_params, suggest_policy
-    from viasd.stages.thresholds_stage import threshold_config
-
-    base = DecodePolicy(method="viasd", max_new_tokens=8)
-    cfg = ThresholdConfig(routers=("learned",), tau_router=(0.6, 0.99), gate=(0.0, 0.5))
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-    taus = []
-    for _ in range(400):
-        trial = study.ask()
-        policy = suggest_policy(trial, base, cfg)
-        assert {"router_risk_accept", "router_risk_slim"} <= set(trial.params)
-        taus += [policy.tau_accept, policy.tau_slim]
-        study.tell(trial, 0.0)
-    assert 0.6 <= min(taus) and max(taus) <= 0.99
-    high = sum(t >= 0.9 for t in taus) / len(taus)
-    assert high == pytest.approx(math.log(10) / math.log(40), abs=0.05)  # uniform tau would put 0.23 there
-    point = {k: getattr(policy, k) for k in POLICY_KEYS}
-    again = suggest_policy(optuna.trial.FixedTrial(search_params(point, cfg)), base, cfg)
-    assert again.tau_accept == pytest.approx(policy.tau_accept) and again.tau_slim == pytest.approx(policy.tau_slim)
-    linear = replace(cfg, tau_router_log_risk=False)
-    assert set(search_params(point, linear)) >= {"tau_router_accept", "tau_router_slim"}
-    params = config.load(smoke_params(tmp_path, {"thresholds": {"tau_router": [0.6, 1.0]}}), [])
-    with pytest.raises(ConfigError, match="tau_router_log_risk"):
-        threshold_config(params)

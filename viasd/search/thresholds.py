@@ -70,9 +70,6 @@ class ThresholdConfig:
     # two probability thresholds searched on `tau_router` (only where the search's models carry a router)
     routers: tuple[str, ...] = ("rules",)
     tau_router: tuple[float, float] = (0.3, 0.99)
-    # searched as the risk `1 - tau` on a log scale (a calibrated threshold is an error rate: 0.01 and 0.02
-    # differ as much as 0.1 and 0.2), or as tau itself on a linear scale
-    tau_router_log_risk: bool = True
     # a tiered policy replaces SD only if the cost model says it saves at least this share of SD's cost:
     # below it the saving is within the resolution of the measured per-pass costs (a fully gated policy,
     # i.e. SD with split passes, can look a few percent cheaper or dearer by measurement noise alone)
@@ -225,11 +222,11 @@ class DevSet:
 
 def suggest_policy(trial, base: DecodePolicy, cfg: ThresholdConfig) -> DecodePolicy:
     """One point of the search space; `tau_accept` is searched per kind of score (its own parameter), and
-    with the learned router both thresholds are probabilities (`_suggest_router_tau`)."""
+    with the learned router both thresholds are probabilities (`tau_router_accept`, `tau_router_slim`)."""
     router = trial.suggest_categorical("router", list(cfg.routers)) if len(cfg.routers) > 1 else cfg.routers[0]
     if router == "learned":
-        tiers = dict(router=router, tau_accept=_suggest_router_tau(trial, "accept", cfg),
-                     tau_slim=_suggest_router_tau(trial, "slim", cfg))
+        tiers = dict(router=router, tau_accept=trial.suggest_float("tau_router_accept", *cfg.tau_router),
+                     tau_slim=trial.suggest_float("tau_router_slim", *cfg.tau_router))
     else:
         score = trial.suggest_categorical("score", list(cfg.scores))
         if score in PROBABILITY_SCORES:
@@ -245,15 +242,6 @@ def suggest_policy(trial, base: DecodePolicy, cfg: ThresholdConfig) -> DecodePol
                    max_lag=trial.suggest_categorical("max_lag", list(cfg.max_lag)),
                    verify_lagged=trial.suggest_categorical("verify_lagged", list(cfg.verify_lagged)),
                    verify_block=trial.suggest_categorical("verify_block", list(cfg.verify_block)))
-
-
-def _suggest_router_tau(trial, tier: str, cfg: ThresholdConfig) -> float:
-    """A learned router's threshold on `cfg.tau_router`: its risk `1 - tau` log-uniform (`router_risk_<tier>`),
-    or tau uniform (`tau_router_<tier>`) with `tau_router_log_risk` off."""
-    lo, hi = cfg.tau_router
-    if cfg.tau_router_log_risk:
-        return 1.0 - trial.suggest_float(f"router_risk_{tier}", 1.0 - hi, 1.0 - lo, log=True)
-    return trial.suggest_float(f"tau_router_{tier}", lo, hi)
 
 
 def _suggest_gate(trial, cfg: ThresholdConfig) -> float:
@@ -326,10 +314,7 @@ def search_params(point: dict, cfg: ThresholdConfig) -> dict:
     if len(cfg.routers) > 1:
         out["router"] = router
     if router == "learned":
-        if cfg.tau_router_log_risk:
-            out.update(router_risk_accept=1.0 - point["tau_accept"], router_risk_slim=1.0 - point["tau_slim"])
-        else:
-            out.update(tau_router_accept=point["tau_accept"], tau_router_slim=point["tau_slim"])
+        out.update(tau_router_accept=point["tau_accept"], tau_router_slim=point["tau_slim"])
     else:
         out.update({"score": score, "confidence": point["confidence"], "tau_slim": point["tau_slim"],
                     ("tau_accept_prob" if score in PROBABILITY_SCORES else "tau_accept_ratio"): point["tau_accept"]})

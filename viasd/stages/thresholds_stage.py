@@ -50,11 +50,7 @@ WARM_START = 4  # an ablation slim's search first tries the DIMR slim's cheapest
 def threshold_config(params: Params) -> ThresholdConfig:
     section = {k: tuple(v) if isinstance(v, list) else v for k, v in params.thresholds.search.items()}
     section["quality"] = QualityConstraints.from_dict(section.get("quality"))
-    cfg = ThresholdConfig(seed=params.seed, **section)
-    if cfg.tau_router_log_risk and not cfg.tau_router[0] < cfg.tau_router[1] < 1:
-        raise ConfigError(f"thresholds.tau_router {list(cfg.tau_router)}: with tau_router_log_risk its risk 1 - tau is "
-                          "searched on a log scale, so it needs low < high < 1 (e.g. [0.6, 0.99])")
-    return cfg
+    return ThresholdConfig(seed=params.seed, **section)
 
 
 def _json_value(value):
