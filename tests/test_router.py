@@ -177,8 +177,7 @@ def test_fit_recovers_a_known_logistic_model(tmp_path):
 def test_fit_chooses_the_probe_and_l2_on_validation_decodes():
     """`fit_router` with candidates: a probe of pure noise (many dimensions, few rows) is left out, a probe
     that carries the signal is kept; each head's L2 is one of the candidates, the choice is traced with its
-    validation loss, and the held-out decodes take no part in it (the same fit without them gives the same
-    choice)."""
+    validation loss, and the held-out decodes take no part in it (their labels flipped, the same choice)."""
     g = torch.Generator().manual_seed(0)
     n, h = 3000, 200
     features = torch.randn((n, len(FEATURES)), generator=g)
@@ -201,6 +200,13 @@ def test_fit_chooses_the_probe_and_l2_on_validation_decodes():
         assert chosen in (1e-5, 1e-2)
         own = [r for r in trace if r["head"] == head and r["probe_layers"] == 0]
         assert chosen == min(own, key=lambda r: r["validation_log_loss"])["l2"]
+    # the held-out decodes take no part in the choice: their labels flipped, the same trace
+    flipped = rows(features[:, 0])
+    again = fit_router(flipped, (0, 6), (1e-5, 1e-2), seed=2)
+    held = heldout_rows(groups, 0.25, 2)
+    for key in ("draft_right", "slim_right"):
+        flipped[key] = torch.where(held, 1 - flipped[key], flipped[key])
+    assert fit_router(flipped, (0, 6), (1e-5, 1e-2), seed=2).info["selection"] == again.info["selection"]
     probed = fit_router(rows(hidden[:, :4].sum(-1)), (0, 6), (1e-5, 1e-2), seed=2)
     assert probed.probe_layers == 6 and probed.info["slim"]["auc"] > 0.8
     single = fit_router(rows(features[:, 0]), 0, 1e-3, seed=2)
@@ -280,6 +286,17 @@ def test_decode_key_shares_a_decode_only_between_identical_runs():
     assert decode_key(off, [0, 1, 2]) != decode_key(tuned, [0, 1, 2])
     assert decode_key(DecodePolicy(method="sd", gamma=4), None) != decode_key(off, None)  # another method
     assert decode_key(tuned, [0, 1]) != decode_key(replace(tuned, tau_slim=0.8), [0, 1])
+
+
+def test_the_report_names_the_runs_that_share_a_decode():
+    from viasd.stages.report_stage import shared_decodes
+
+    evals = [{"run": "viasd"}, {"run": "viasd-mask_truncate", "same_decode_as": "viasd"},
+             {"run": "viasd-mask_random", "same_decode_as": None}, {"run": "viasd-rules", "same_decode_as": "viasd-mask_random"},
+             {"run": "viasd-gamma_2", "same_decode_as": "viasd"}]
+    line = shared_decodes(evals)
+    assert "`viasd-mask_truncate`, `viasd-gamma_2` as `viasd`; `viasd-rules` as `viasd-mask_random`" in line
+    assert shared_decodes([{"run": "sd"}, {"run": "ar", "same_decode_as": None}]) == ""
 
 
 def test_headroom_share_by_hand():

@@ -166,6 +166,11 @@ class DecodePolicy:
         return self.method in ("viasd", "cascade_sd")
 
     @property
+    def runs_slim(self) -> bool:
+        """A slim pass can run: the method needs a slim, and it is not `viasd` with every tier off."""
+        return self.needs_slim and not (self.method == "viasd" and self.tiers_off)
+
+    @property
     def tiers_off(self) -> bool:
         """Every tier threshold is `inf`: `viasd` then decodes exactly as `sd` (no slim pass)."""
         values = [*(self.tau_accept if isinstance(self.tau_accept, tuple) else (self.tau_accept,)),

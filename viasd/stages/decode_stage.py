@@ -15,7 +15,6 @@ Outputs (named by pair, task and run):
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Sequence
 
@@ -53,8 +52,7 @@ def decode_key(policy: DecodePolicy, slim) -> str:
     """What decides a run's tokens and passes: its policy and its slim (`slim_description`: the kept layers or
     `independent`), the slim left out when `viasd`'s tiers are all off (every block is then a plain `sd` block
     and no slim pass runs). Equal keys: the same decode."""
-    uses_slim = policy.needs_slim and not (policy.method == "viasd" and policy.tiers_off)
-    return json.dumps([policy.as_record(), slim if uses_slim else None], sort_keys=True, default=str)
+    return json.dumps([policy.as_record(), slim if policy.runs_slim else None], sort_keys=True, default=str)
 
 
 def run_decode_stage(params: Params, pair_name: str, task: str, runs: Sequence[str] | None = None,
@@ -81,15 +79,14 @@ def run_decode_stage(params: Params, pair_name: str, task: str, runs: Sequence[s
         if policy.router == "learned":
             models[name].router = load_pair_router(params, pair.name)
     ar_models = next(iter(models.values()))
+    slims = {spec.name: slim_description(params, pair.name, spec) for spec in specs}
     first: dict[str, str] = {}  # decode key -> the first run with it
-    same_as = {spec.name: first.setdefault(decode_key(policies[spec.name], slim_description(params, pair.name, spec)),
-                                           spec.name)
+    same_as = {spec.name: first.setdefault(decode_key(policies[spec.name], slims[spec.name]), spec.name)
                for spec in specs if spec.method != "ar"}
     cells = {name: (models[name], policies[name]) for name, source in same_as.items() if source == name}
     rows, stats, ar_rows, ar_stats = decode_side_by_side(ar_models, reference, cells, examples, task_spec, progress)
-    for name, source in same_as.items():
-        if source != name:
-            rows[name], stats[name] = copy.deepcopy(rows[source]), stats[source]
+    for name, source in same_as.items():  # a twin's rows are its source's (scoring writes the same values in)
+        rows[name], stats[name] = rows[source], stats[source]
     prompts = [e.prompt_ids if e.prompt_ids is not None else ar_models.encode(e.prompt) for e in examples]
     groups = [task_spec.group(e) for e in examples]
     scored: dict = {}
@@ -98,14 +95,16 @@ def run_decode_stage(params: Params, pair_name: str, task: str, runs: Sequence[s
         run_rows, run_stats = (rows[spec.name], stats[spec.name]) if spec.name in same_as else (ar_rows, ar_stats)
         target_scores = score_rows(ar_models, prompts, run_rows, scored, reference, groups)
         summaries.append(_write_run(params, pair.name, task, spec, split, run_rows, run_stats, ar_stats, target_scores,
-                                    policies[spec.name], inputs[spec.name], same_as.get(spec.name, spec.name)))
+                                    policies[spec.name], inputs[spec.name], slims[spec.name],
+                                    same_as.get(spec.name, spec.name)))
     return summaries
 
 
 def _write_run(params: Params, pair: str, task: str, spec: RunSpec, split: str, rows: list[dict], stats, ar_stats,
-               target_scores: dict, policy: DecodePolicy, inputs: dict, decoded_as: str) -> dict:
+               target_scores: dict, policy: DecodePolicy, inputs: dict, slim, decoded_as: str) -> dict:
     """Write one run's rows and summary (`target_scores`: its pooled fidelity, the fidelity's standard error and
-    the pooled NLL; `decoded_as`: the run whose decode it shares, its own name if none); returns the summary."""
+    the pooled NLL; `slim`: `slim_description`; `decoded_as`: the run whose decode it shares, its own name if
+    none); returns the summary."""
     from ..io import write_json, write_jsonl
 
     summary = stats.as_dict()
@@ -121,7 +120,7 @@ def _write_run(params: Params, pair: str, task: str, spec: RunSpec, split: str, 
         "target_nll": target_scores["nll"],
         "policy": {k: v for k, v in policy.as_record().items() if k not in ("sampling", "eos_token_ids", "stop_strings")},
         "inputs": {k: str(v) for k, v in inputs.items()},
-        "slim": slim_description(params, pair, spec),
+        "slim": slim,
         "same_decode_as": decoded_as if decoded_as != spec.name else None,
     })
     paths = decode_paths(params, pair, task, spec.name)
