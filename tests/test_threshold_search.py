@@ -368,6 +368,45 @@ def test_a_trial_that_met_the_fidelity_floor_by_chance_is_no_candidate():
     assert choose([sd, point(4, 0.5, 0.97, 0.009)], replace(cfg, fidelity_confidence=0.99))[0] is sd
 
 
+def test_the_held_out_check_asks_the_fidelity_floor_with_confidence():
+    """A candidate whose held-out fidelity meets the floor only as a point estimate (0.955 with SE 0.008: bound
+    0.942) is rejected at the held-out check, the next one (0.975, SE 0.005: bound 0.967) is kept; the checks
+    record each bound and its shortfall; at confidence 0.5 the first is kept; a task drop over the bar still
+    rejects a candidate whose fidelity holds."""
+    from dataclasses import replace
+
+    from viasd.decoding.policy import TUNED_FIELDS, DecodePolicy
+    from viasd.metrics.quality import QualityConstraints
+    from viasd.search.choice import confirm_choice
+    from viasd.search.thresholds import ThresholdConfig
+
+    cfg = ThresholdConfig(quality=QualityConstraints(min_fidelity=0.95, max_task_drop=1.0, min_agreement=None))
+    held_out = {0.5: (0.955, 0.008, 0.2), 0.6: (0.975, 0.005, 0.3), 0.7: (0.99, 0.001, 1.5)}
+
+    class HeldOut:  # a DevSet on 48 held-out prompts: `evaluate` gives each candidate's figures, by its tau_accept
+        base, prompts = DecodePolicy(), [None] * 48
+
+        def evaluate(self, policy, min_fidelity=None):
+            fidelity, se, drop = held_out[policy.tau_accept]
+            return {"fidelity": fidelity, "fidelity_se": se, "groups": 19, "nll": 1.0, "task_score": 10.0 - drop,
+                    "task_score_ar": 10.0, "task_drop": drop, "agreement": 0.5, "prompts": 48, "pruned": False,
+                    "wall_per_token": 0.01}
+
+    confirm = HeldOut()
+    ranked = [{**{k: getattr(confirm.base, k) for k in TUNED_FIELDS}, "number": n, "cost_per_token": 0.5 + n,
+               "tau_accept": tau} for n, tau in enumerate(held_out)]
+    kept, checks = confirm_choice(ranked, confirm, cfg)
+    assert kept is ranked[1] and [c["feasible"] for c in checks] == [False, True]
+    z = NormalDist().inv_cdf(0.95)
+    assert checks[0]["fidelity_lower_bound"] == pytest.approx(0.955 - z * 0.008)
+    assert checks[0]["violations"] == {"fidelity_lower_bound": pytest.approx(0.95 - (0.955 - z * 0.008))}
+    assert checks[1]["fidelity_lower_bound"] == pytest.approx(0.975 - z * 0.005) and checks[1]["violations"] == {}
+    kept, checks = confirm_choice(ranked, confirm, replace(cfg, fidelity_confidence=0.5))
+    assert kept is ranked[0] and len(checks) == 1
+    kept, checks = confirm_choice(ranked[2:], confirm, cfg)
+    assert kept is None and set(checks[0]["violations"]) == {"task_drop"}
+
+
 def test_fidelity_standard_error_over_prompts():
     """The ratio estimator's standard error: with equal token counts it is the standard error of the mean
     of the per-prompt fidelities; a prompt's weight grows with its tokens; None below two outputs."""

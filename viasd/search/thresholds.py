@@ -75,12 +75,13 @@ class ThresholdConfig:
     # i.e. SD with split passes, can look a few percent cheaper or dearer by measurement noise alone)
     min_gain: float = 0.03
     # the chosen tiered policy is decoded again on held-out dev prompts (`tune_thresholds`'s `confirm`) and kept
-    # only if it meets the constraints there too; else the next cheapest, up to this many; else SD
-    confirm_candidates: int = 3
+    # only if it meets the constraints there too, its held-out fidelity's lower bound at `fidelity_confidence`
+    # included (`choice.held_out_bound_violation`); else the next cheapest, up to this many; else SD
+    confirm_candidates: int = 4
     # a tiered trial is a candidate for the choice only if the one-sided lower confidence bound of its dev
     # fidelity at this level (its standard error over the dev prompts) meets the fidelity floor: the cheapest
-    # of many trials that met the floor on the same prompts met it partly by chance (`fidelity_lower_bound`);
-    # 0.5 = the point estimate
+    # of many trials that met the floor on the same prompts met it partly by chance (`fidelity_lower_bound`); the
+    # held-out check asks the same of the held-out fidelity; 0.5 = the point estimate
     fidelity_confidence: float = 0.95
     seed: int = 0
 
