@@ -466,3 +466,34 @@ def test_the_search_and_held_out_prompts_come_from_disjoint_files():
     plain = [Example(id=str(i), prompt="", reference="") for i in range(6)]
     assert [e.id for e in split_by_group(plain, 2, 3, lambda e: e.id)[1]] == ["2", "3", "4"]
     assert split_by_group(plain, 4, 0, lambda e: e.id) == (plain[:4], [])
+
+
+@pytest.mark.parametrize("routers", [("rules",), ("learned",), ("rules", "learned")])
+def test_a_search_depends_only_on_the_space_of_its_routers(routers):
+    """`searched_space` (a search's signature and Optuna study name) drops the fields of a router the search
+    does not draw: moving the learned router's `tau_router` leaves a hand-rules search up to date, moving the
+    rules' `tau_slim` a learned one, and a search of both depends on both. The dropped fields are exactly the
+    ones `suggest_policy` never draws for those routers (its Optuna parameter names over many trials)."""
+    from dataclasses import replace
+
+    from viasd.decoding.policy import DecodePolicy
+    from viasd.search.thresholds import ROUTER_FIELDS, ThresholdConfig, searched_space, suggest_policy
+
+    cfg = ThresholdConfig(routers=routers)
+    assert (searched_space(replace(cfg, tau_router=(0.5, 0.9))) == searched_space(cfg)) == ("learned" not in routers)
+    assert (searched_space(replace(cfg, tau_slim=(0.5, 0.9))) == searched_space(cfg)) == ("rules" not in routers)
+    assert searched_space(replace(cfg, gamma=(2,))) != searched_space(cfg)
+    # each field's Optuna parameters, as suggest_policy names them
+    names = {"tau_accept": {"tau_accept_ratio"}, "tau_accept_prob": {"tau_accept_prob"}, "tau_slim": {"tau_slim"},
+             "scores": {"score"}, "confidences": {"confidence"}, "tau_router": {"tau_router_accept", "tau_router_slim"}}
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    drawn = set()
+    for _ in range(40):
+        trial = study.ask()
+        suggest_policy(trial, DecodePolicy(), cfg)
+        drawn |= set(trial.params)
+        study.tell(trial, 1.0)
+    for router, fields in ROUTER_FIELDS.items():
+        params = set().union(*(names[f] for f in fields))
+        assert (params <= drawn) == (router in routers) and (not params & drawn) == (router not in routers)
+        assert all((f in searched_space(cfg)) == (router in routers) for f in fields)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from ..decoding.policy import TUNED_FIELDS, DecodePolicy
 from ..decoding.stats import DecodeStats
@@ -84,6 +84,19 @@ class ThresholdConfig:
     # held-out check asks the same of the held-out fidelity; 0.5 = the point estimate
     fidelity_confidence: float = 0.95
     seed: int = 0
+
+
+# the search-space fields only one kind of router draws from (`suggest_policy`)
+ROUTER_FIELDS = {"rules": ("tau_accept", "tau_accept_prob", "tau_slim", "scores", "confidences"),
+                 "learned": ("tau_router",)}
+
+
+def searched_space(cfg: ThresholdConfig) -> dict:
+    """`cfg` as a dict, without the fields of the routers this search does not draw (`ROUTER_FIELDS`): what a
+    search's result depends on, so a change to the learned router's `tau_router` leaves the hand rules' and the
+    slim ablations' searches (`routers: [rules]`) up to date, and their Optuna studies resumable."""
+    unused = {f for router, fields in ROUTER_FIELDS.items() if router not in cfg.routers for f in fields}
+    return {k: v for k, v in asdict(cfg).items() if k not in unused}
 
 
 @dataclass

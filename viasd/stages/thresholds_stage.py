@@ -29,7 +29,14 @@ from ..metrics.quality import QualityConstraints
 from ..search.pass_cost import PassCost, costs_from_json, costs_to_json
 from ..search.plots import speed_quality
 from ..search.storage import optuna_storage, study_name
-from ..search.thresholds import POLICY_KEYS, DevSet, ThresholdConfig, oracle_points, tune_thresholds
+from ..search.thresholds import (
+    POLICY_KEYS,
+    DevSet,
+    ThresholdConfig,
+    oracle_points,
+    searched_space,
+    tune_thresholds,
+)
 from ..search.workers import SERIAL, Worker, completed_points
 from ..study.cells import engine_options, search_base
 from ..study.paths import router_paths, threshold_paths
@@ -222,8 +229,9 @@ def search_signature(params: Params, pair: str, task: str, slim: str, cfg: Thres
                      pass_cost: dict[str, PassCost] | None, router_file, candidates: list[dict],
                      searched: list, held_out: list) -> dict:
     """Everything a search's result depends on, as it reads back from the thresholds file: an equal
-    signature there means the result is up to date. `searched`, `held_out`: `dev_examples`."""
-    signature = {"config": asdict(cfg), "engine": engine_options(params), "task": task,
+    signature there means the result is up to date. The config is `searched_space`: the fields of a router the
+    search does not draw are left out. `searched`, `held_out`: `dev_examples`."""
+    signature = {"config": searched_space(cfg), "engine": engine_options(params), "task": task,
                  "dev_prompts": params.thresholds.dev_prompts, "confirm_prompts": params.thresholds.confirm_prompts,
                  "prompts": _prompts_digest(searched), "held_out": _prompts_digest(held_out),
                  "slim": slim, "mask": slim_description(params, pair, slim_spec(slim)), "cost_model": COST_MODEL}
