@@ -86,6 +86,13 @@ def test_thresholds_stage_and_infeasible_constraint(study, tmp_path):
     again = run_thresholds_stage(params, progress=False)  # no-op re-run
     del again["rules"]
     assert again == {slim: {**r, "up_to_date": True} for slim, r in results.items()}
+    # a change to the learned router's space alone leaves the searches that draw only the hand rules up to date
+    moved = config.load(smoke_params(tmp_path, {"data": {"dir": str(params.data.dir)},
+                                                "models": {"dir": str(params.models_dir)},
+                                                "thresholds": {"tau_router": [0.5, 0.95]}}))
+    assert moved.thresholds.search["tau_router"] != params.thresholds.search["tau_router"]
+    kept = run_thresholds_stage(moved, progress=False, slims=["rules", "mask_random", "independent"])
+    assert list(kept) == ["rules", "mask_random", "independent"] and all(r["up_to_date"] for r in kept.values())
 
 
 def test_generate_decodes_a_study_cell_as_the_study_does(study, capsys):
