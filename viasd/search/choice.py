@@ -46,16 +46,16 @@ def eligible(point: dict, cfg) -> bool:
     return bound is None or bound >= cfg.quality.min_fidelity
 
 
-def held_out_bound_violation(measured: dict, cfg) -> dict:
-    """`{"fidelity_lower_bound": shortfall}` when the held-out fidelity's lower confidence bound (at
-    `cfg.fidelity_confidence`, its standard error over the held-out prompts' groups) misses the floor, else {}.
+def held_out_bound_violation(bound: float | None, cfg) -> dict:
+    """`{"fidelity_lower_bound": shortfall}` when the held-out fidelity's lower confidence bound `bound`
+    (`fidelity_lower_bound` at `cfg.fidelity_confidence`, its standard error over the held-out prompts' groups)
+    misses the floor, else {}.
 
     Why: the held-out prompts are the evidence the choice's fidelity rests on, and on them a point estimate just
     over the floor is a coin toss on the next prompts. Measured on the default family: a policy kept at held-out
     fidelity 0.955 (SE 0.008 over 19 files) measured 0.951 on the 48 test prompts and 0.948 on the bench's 24.
     The same confidence as on dev (`eligible`), so one setting says how sure the choice must be."""
     floor = cfg.quality.min_fidelity
-    bound = fidelity_lower_bound(measured, cfg.fidelity_confidence)
     if floor is None or bound is None or bound >= floor:
         return {}
     return {"fidelity_lower_bound": floor - bound}
@@ -78,16 +78,16 @@ def confirm_choice(ranked: list[dict], confirm, cfg) -> tuple[dict | None, list[
     for point in ranked[: cfg.confirm_candidates]:
         policy = replace(confirm.base, **{k: point[k] for k in TUNED_FIELDS})
         measured = confirm.evaluate(policy, cfg.quality.min_fidelity)
-        violations = cfg.quality.violations(measured) | held_out_bound_violation(measured, cfg)
+        bound = fidelity_lower_bound(measured, cfg.fidelity_confidence)
+        violations = cfg.quality.violations(measured) | held_out_bound_violation(bound, cfg)
         check = {"number": point.get("number"), "search": point.get("search"), "cost_per_token": point["cost_per_token"],
                  **{k: measured[k] for k in ("fidelity", "fidelity_se", "groups", "nll", "task_score", "task_score_ar",
                                              "task_drop", "agreement", "prompts", "pruned", "wall_per_token")},
-                 "fidelity_lower_bound": fidelity_lower_bound(measured, cfg.fidelity_confidence),
-                 "violations": violations, "feasible": not violations}
+                 "fidelity_lower_bound": bound, "violations": violations, "feasible": not violations}
         checks.append(check)
         log.info("confirming trial #%s on %d held-out dev prompts (%d groups): fidelity %.3f (bound %.3f), task drop %s: %s",
-                 point.get("number"), len(confirm.prompts), measured["groups"], measured["fidelity"],
-                 check["fidelity_lower_bound"], measured["task_drop"],
+                 point.get("number"), len(confirm.prompts), measured["groups"], measured["fidelity"], bound,
+                 measured["task_drop"],
                  "kept" if not violations else f"rejected ({violations})")
         if not violations:
             return point, checks
