@@ -91,10 +91,16 @@ ROUTER_FIELDS = {"rules": ("tau_accept", "tau_accept_prob", "tau_slim", "scores"
                  "learned": ("tau_router",)}
 
 
+# the fields that only select among a search's trials (`choice.choose`): a change re-selects from the same,
+# resumed Optuna study
+CHOICE_FIELDS = ("min_gain", "confirm_candidates", "fidelity_confidence")
+
+
 def searched_space(cfg: ThresholdConfig) -> dict:
     """`cfg` as a dict, without the fields of the routers this search does not draw (`ROUTER_FIELDS`): what a
     search's result depends on, so a change to the learned router's `tau_router` leaves the hand rules' and the
-    slim ablations' searches (`routers: [rules]`) up to date, and their Optuna studies resumable."""
+    slim ablations' searches (`routers: [rules]`) up to date, and their Optuna studies resumable. The Optuna
+    study's own name also leaves out `CHOICE_FIELDS`."""
     unused = {f for router, fields in ROUTER_FIELDS.items() if router not in cfg.routers for f in fields}
     return {k: v for k, v in asdict(cfg).items() if k not in unused}
 

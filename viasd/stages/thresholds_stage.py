@@ -30,6 +30,7 @@ from ..search.pass_cost import PassCost, costs_from_json, costs_to_json
 from ..search.plots import speed_quality
 from ..search.storage import optuna_storage, study_name
 from ..search.thresholds import (
+    CHOICE_FIELDS,
     POLICY_KEYS,
     DevSet,
     ThresholdConfig,
@@ -308,12 +309,11 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
                          engine=engine, shared=common.get("confirm"), base=base)
         common["confirm"] = confirm.shared
     log.info("tuning thresholds for %s on %s with slim %s", pair.name, task, slim)
-    # min_gain and fidelity_confidence only select among the trials: a change re-selects from the same (resumed) study
-    # (the same for the candidates of another search: they compete in the choice, not in the search)
-    # (and for the held-out confirmation, which only checks the choice)
+    # the study is named by what its trials depend on: not the fields that only select among them (CHOICE_FIELDS),
+    # the candidates of another search (they compete in the choice, not in the search) or the held-out prompts
+    # (they only check the choice); a change of those re-selects from the same, resumed study
     searched = {**{k: v for k, v in signature.items() if k not in ("candidates", "confirm_prompts", "held_out")},
-                "config": {k: v for k, v in signature["config"].items() if k not in ("min_gain", "confirm_candidates",
-                                                                                     "fidelity_confidence")}}
+                "config": {k: v for k, v in signature["config"].items() if k not in CHOICE_FIELDS}}
     storage = optuna_storage(params.study.optuna_storage, paths["storage"], params.models_dir.parent,
                              params.search_heartbeat(params.thresholds.workers))
     name = study_name(f"thresholds-{pair.name}-{task}-{slim}", searched)
