@@ -111,6 +111,8 @@ def expected_run_names(pair="smoke", task="stdlib_continuation") -> list[str]:
              "report"]
     # thresholds per slim of the grid's viasd runs (thresholds.per_slim), and the hand rules tuned alone
     names += [f"tune_thresholds/{pair}/{task}/{slim}" for slim in ("main", "mask_random", "independent", "rules")]
+    # each search run as a job of its own first (thresholds.split_searches)
+    names += [f"tune_thresholds/{pair}/{task}/search-{slim}" for slim in ("rules", "main", "mask_random", "independent")]
     names += [f"{stage}/{pair}/{task}/{run}" for stage in ("decode", "evaluate") for run in SMOKE_RUNS]
     return sorted(names)
 

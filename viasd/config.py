@@ -268,6 +268,7 @@ class ThresholdParams:
     ablation_trials: int | None = None
     rules_trials: int | None = None
     workers: int = 1  # processes sharing each search's trials (search/workers.py)
+    split_searches: bool = False  # each search its own workflow job (with one worker); not a setting of a search
     search: dict = field(default_factory=dict)
 
 

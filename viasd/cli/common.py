@@ -70,6 +70,8 @@ def open_stage_run(args) -> None:
     values = [getattr(args, k, None) for k in ("role", "pair", "task", "run")]
     if getattr(args, "worker", None) is not None:  # one of a search's workers
         values.append(f"worker{args.worker}")
+    if getattr(args, "search", None) is not None:  # one search of a stage, run as a job of its own
+        values.append(f"search-{args.search}")
     cell = ["+".join(v) if isinstance(v, list) else str(v) for v in values if v]  # --run is repeatable
     name = "/".join([args.command.replace("-", "_"), *cell])
     root = args.params.resolve().parent

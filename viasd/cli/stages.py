@@ -180,16 +180,28 @@ def add_tune_thresholds(sub) -> None:
                    help="main, rules, " + ", ".join(SLIM_ABLATIONS) + ", prefix_<n>: tune for this slim verifier only "
                         "(repeatable; default: main, and with thresholds.per_slim every slim ablation of study.runs)")
     add_worker(p, "thresholds.workers")
+    p.add_argument("--search", metavar="NAME", help="run this one search's trials (rules, main or a slim's; the "
+                   "first of the stage, rules or main, must be complete before another's), as the command without "
+                   "--search would, writing no outputs; that command then finds the study complete and picks "
+                   "(thresholds.split_searches)")
 
 
 
 def _tune_thresholds(args) -> int:
+    from ..config import ConfigError
     from ..decoding.policy import TUNED_FIELDS
+    from ..search.workers import PART
     from ..stages.thresholds_stage import run_thresholds_stage
 
     params = load_params(args)
     pair = params.pair(args.pair)
     worker = worker_of(args, params.thresholds.workers, "thresholds.workers")
+    if args.search is not None:
+        if worker is not None:
+            raise ConfigError("--search and --worker: a search's part runs it alone; its trials are not shared")
+        run_thresholds_stage(params, args.task, pair=pair, slims=args.slim, worker=PART, search=args.search)
+        print(json.dumps({"pair": pair.name, "task": args.task or params.thresholds.task, "search": args.search}))
+        return 0
     if worker is not None:
         run_thresholds_stage(params, args.task, pair=pair, slims=args.slim, worker=worker)
         print(json.dumps({"pair": pair.name, "task": args.task or params.thresholds.task, "worker": args.worker,

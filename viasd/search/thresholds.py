@@ -378,13 +378,13 @@ def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage, study_name: str,
 
     study = optuna.create_study(storage=storage, study_name=study_name, direction="minimize", load_if_exists=True)
     dev.pass_cost = study_pass_cost(study, dev, cfg)
-    sd_points = None if worker.shared else tiers_off_points(dev, cfg, study)
+    sd_points = None if worker.partial else tiers_off_points(dev, cfg, study)
     if not study.trials and worker.lead:
         for point in list(warm_start)[: cfg.n_trials]:
             study.enqueue_trial(search_params(point, cfg), skip_if_exists=True)
     done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
     bar = tqdm(total=cfg.n_trials, initial=min(done, cfg.n_trials), disable=not progress, unit="trial",
-               desc=f"threshold search ({worker})" if worker.shared else "threshold search")
+               desc=f"threshold search ({worker})" if worker.partial else "threshold search")
 
     def evaluate(trial) -> float:
         policy = suggest_policy(trial, dev.base, cfg)
@@ -401,7 +401,7 @@ def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage, study_name: str,
                                                    n_startup_trials=max(4, cfg.n_trials // 4))
     done = run_trials(study, storage, cfg.n_trials, sampler, evaluate, worker, lambda _: bar.update(1))
     bar.close()
-    if worker.shared:
+    if worker.partial:
         return None
     # every trial costed with the study's per-pass costs (workers that measured their own at the same moment
     # costed their trials with those; the choice uses one cost model)

@@ -20,6 +20,11 @@ budget is counted in the storage, not per process:
   full of other workers' RUNNING trials waits for them to finish or go stale. Without heartbeats (a
   journal file) it stops instead, and the serial pick job completes whatever a lost worker left.
 
+A search can also be run whole by a process of its own that writes nothing (`Worker(part=True)`, the
+`thresholds.split_searches` jobs): it runs the search's trials exactly as the serial search would (the
+serial seeds), leaving the choice and the outputs to the stage's final serial run, which finds the study
+complete. The searches of a stage then spread over processes without changing a trial.
+
 A serial run (one worker, or the pick job after the workers) shares the study with no running process, so
 a trial it finds RUNNING was left by one that was killed: it is marked FAIL before the run goes on (a
 resumed study shows no trial running forever, and a sampler does not treat its point as pending).
@@ -42,19 +47,28 @@ WORKER_SEED_STRIDE = 100_003
 
 @dataclass(frozen=True)
 class Worker:
-    """Which of `count` processes sharing one study this is (0-based)."""
+    """Which of `count` processes sharing one study this is (0-based). `part`: a process that runs whole
+    searches alone, as the serial search would, and writes nothing (the stage's final run picks)."""
 
     index: int = 0
     count: int = 1
+    part: bool = False
 
     def __post_init__(self):
         if self.count < 1 or not 0 <= self.index < self.count:
             raise ValueError(f"worker {self.index} of {self.count}: the index must be in 0..{self.count - 1}")
+        if self.part and self.count > 1:
+            raise ValueError("a part runs its searches alone: it is not one of several workers")
 
     @property
     def shared(self) -> bool:
         """Other processes may be running trials of the same study now."""
         return self.count > 1
+
+    @property
+    def partial(self) -> bool:
+        """This process runs trials only: it neither makes the choice nor writes the search's outputs."""
+        return self.shared or self.part
 
     @property
     def lead(self) -> bool:
@@ -67,10 +81,11 @@ class Worker:
         return base + completed + self.index * WORKER_SEED_STRIDE
 
     def __str__(self) -> str:
-        return f"worker {self.index + 1}/{self.count}"
+        return "part" if self.part else f"worker {self.index + 1}/{self.count}"
 
 
 SERIAL = Worker()  # the one process of a search that no other process shares
+PART = Worker(part=True)  # a process running whole searches of a stage alone, writing nothing
 
 
 def heartbeat_interval(storage) -> int | None:

@@ -42,7 +42,7 @@ from ..search.workers import SERIAL, Worker, completed_points
 from ..study.cells import engine_options, search_base
 from ..study.paths import router_paths, threshold_paths
 from ..study.record import StageRecord, input_files
-from ..study.slims import load_run_models, mask_file, slim_description, slim_spec, slims_to_tune
+from ..study.slims import load_run_models, mask_file, search_order, slim_description, slim_spec, slims_to_tune
 from ..tasks import get_task, load_examples
 from ..tasks.base import TaskError, examples_path, split_by_group
 
@@ -68,7 +68,8 @@ def _json_value(value):
 
 def run_thresholds_stage(params: Params, task: str | None = None, progress: bool = True,
                          pair: Pair | None = None, slims: list[str] | None = None,
-                         records: list | None = None, worker: Worker = SERIAL) -> dict[str, dict]:
+                         records: list | None = None, worker: Worker = SERIAL, search: str | None = None
+                         ) -> dict[str, dict]:
     """Tune the thresholds of each slim (default: `slims_to_tune`); returns {slim: result}.
 
     The per-pass costs of the cost model are measured once per runner layout, in the `main` (DIMR mask)
@@ -89,10 +90,29 @@ def run_thresholds_stage(params: Params, task: str | None = None, progress: bool
     `worker` (one of `thresholds.workers` processes on one storage): run this worker's share of every
     search's trials, in the same order, and write nothing; the stage run without a worker then picks
     (and runs any trial a lost worker left). Its results are then partial: `pass_cost_model` and the
-    `worker_trials` that warm-start the ablations."""
+    `worker_trials` that warm-start the ablations.
+
+    `search` (one of `search_order`; with `worker` a `PART`): run that one search's trials, as the serial
+    stage would, and write nothing. The first search must be complete before any other's part runs (its
+    costs and trials are the others' starting point): `thresholds.split_searches` runs the first's part,
+    then the others' side by side, then the serial stage, which finds every study complete and picks."""
     pair = pair or params.pair()
     task = task or params.thresholds.task
-    slims = slims or slims_to_tune(params)
+    slims = stage_slims = slims or slims_to_tune(params)
+    main_mask = slim_description(params, pair.name, slim_spec("main"))
+
+    def twin(slim: str) -> bool:  # a slim ablation whose mask is the DIMR mask: main's search decides it
+        return slim not in ("main", "rules") and "main" in stage_slims and \
+            slim_description(params, pair.name, slim_spec(slim)) == main_mask
+
+    if search is not None:
+        order = search_order(slims)
+        if search not in order:
+            raise ConfigError(f"--search {search}: the searches of this stage are {', '.join(order)}")
+        if twin(search):
+            log.info("slim %s keeps the DIMR mask's layers: main's search decides it; nothing to run", search)
+            return {}
+        slims = order[: order.index(search) + 1] if search in order[:2] else [order[0], search]
     results: dict[str, dict] = {}
     common: dict = {}
     for first in [s for s in ("rules", "main") if s in slims]:
@@ -103,17 +123,16 @@ def run_thresholds_stage(params: Params, task: str | None = None, progress: bool
     first = results.get("rules") or results.get("main")
     shared = costs_from_json(first["pass_cost_model"]) if first else None
     warm = warm_start_points(params, pair.name, task, trials=(first or {}).get("worker_trials"))
-    main_mask = slim_description(params, pair.name, slim_spec("main"))
     for slim in slims:
         if slim in ("main", "rules"):
             continue
-        if "main" in results and slim_description(params, pair.name, slim_spec(slim)) == main_mask:
-            if not worker.shared:
+        if twin(slim):
+            if not worker.partial:
                 results[slim] = same_mask_as_main(params, pair.name, task, slim, results["main"])
         else:
             results[slim] = tune_slim(params, pair, task, slim, progress, shared, common=common, warm_start=warm,
                                       worker=worker)
-    if records is not None and not worker.shared:
+    if records is not None and not worker.partial:
         trials = common.get("trials", {})
         records.extend(threshold_record(params, pair, slim, out, trials.get(out.get("same_mask_as", slim), []))
                        for slim, out in results.items())
@@ -304,7 +323,7 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
                  shared=common.get("dev"), base=base)
     common["dev"] = dev.shared
     confirm = None
-    if held_out and not worker.shared:  # the choice is confirmed by the stage's final (serial) run
+    if held_out and not worker.partial:  # the choice is confirmed by the stage's final (serial) run
         confirm = DevSet(models, held_out, max_new, get_task(task).stop_strings, dev.pass_cost, task=get_task(task),
                          engine=engine, shared=common.get("confirm"), base=base)
         common["confirm"] = confirm.shared

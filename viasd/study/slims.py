@@ -61,6 +61,13 @@ def slims_to_tune(params: Params) -> list[str]:
     return slims
 
 
+def search_order(slims: list[str]) -> list[str]:
+    """The searches of a stage that tunes `slims`, in the order the serial stage runs them: the hand rules'
+    (`rules`), then `main`, then each other slim's. The first is every other search's starting point (its
+    per-pass costs; the rules' trials compete in main's choice and warm-start the ablations)."""
+    return [s for s in ("rules", "main") if s in slims] + [s for s in slims if s not in ("rules", "main")]
+
+
 def slim_spec(slim: str) -> RunSpec:
     """The VIA-SD run that uses `slim` (`rules`: the DIMR slim, decided by the hand-set rules)."""
     return parse_run("viasd" if slim == "main" else f"viasd-{slim}")

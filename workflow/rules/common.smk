@@ -7,6 +7,7 @@ from snakemake.exceptions import WorkflowError
 
 from viasd import config as viasd_config
 from viasd.runs import parse_run
+from viasd.study.slims import search_order, slims_to_tune
 
 import os
 
@@ -22,6 +23,7 @@ if _resolved != config:
         "file and pass it with --configfile"
     )
 
+PARAMS = viasd_config.load("params.yaml", CONFIG_FILES)
 # every viasd command of the workflow reads the same parameters
 VIASD_ARGS = " ".join(["--params params.yaml", *(f"--config {f}" for f in CONFIG_FILES)])
 STUDY = config["study"]
@@ -39,6 +41,7 @@ wildcard_constraints:
     role="target|draft|independent",
     split="dev|test",
     k="[0-9]+",
+    search="[a-z0-9_]+",
 
 
 def pair_models(pair, roles=("target", "draft")):
@@ -73,6 +76,19 @@ def search_workers(section, name):
     worker left). None with one worker: the search's rule runs every trial itself."""
     n = config.get(section, {}).get("workers", 1)
     return [] if n == 1 else [f"{MODELS}/workers/{section}/{name}/worker-{k}.json" for k in range(1, n + 1)]
+
+
+def search_parts(pair, task, first=None):
+    """The marker files of a pair and task's threshold searches run as jobs of their own
+    (`thresholds.split_searches`, with one worker): the first search's (`first=True`), or every other's
+    (`first=False`), which start from it; None: all. The search's own rule waits for them all, then finds
+    every study complete and confirms and picks."""
+    section = config.get("thresholds", {})
+    if not section.get("split_searches") or section.get("workers", 1) > 1:
+        return []
+    order = search_order(slims_to_tune(PARAMS))
+    names = order if first is None else order[:1] if first else order[1:]
+    return [f"{MODELS}/workers/thresholds/{pair}-{task}/search-{name}.json" for name in names]
 
 
 def eval_files():

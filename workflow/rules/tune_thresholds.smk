@@ -7,6 +7,7 @@ rule tune_thresholds:
         masks=f"{MODELS}/masks/{{pair}}",
         router=f"{MODELS}/routers/{{pair}}",
         workers=lambda w: search_workers("thresholds", f"{w.pair}-{w.task}"),
+        searches=lambda w: search_parts(w.pair, w.task),
     output:
         thresholds=directory(f"{MODELS}/thresholds/{{pair}}-{{task}}"),
         plots=report(
@@ -66,3 +67,41 @@ rule thresholds_worker:
     shell:
         "OMP_NUM_THREADS={threads} viasd tune-thresholds {params.viasd} --pair {wildcards.pair} --task {wildcards.task} "
         "--worker {wildcards.k} > {output} 2> {log}"
+
+
+rule thresholds_search:
+    """One of a pair and task's threshold searches run whole as a job of its own (`thresholds.split_searches`):
+    the first (the hand rules', else main's) alone, then each other, starting from it, side by side. Its
+    trials are the serial search's; nothing is written but this marker (the Optuna study holds the trials)."""
+    input:
+        f"{DATA}/tasks/{{task}}/dev.jsonl",
+        models=lambda w: pair_models(w.pair, ["target", "draft", "independent"] if w.search == "independent"
+                                     else ["target", "draft"]),
+        masks=f"{MODELS}/masks/{{pair}}",
+        router=f"{MODELS}/routers/{{pair}}",
+        first=lambda w: [m for m in search_parts(w.pair, w.task, first=True) if not m.endswith(f"-{w.search}.json")],
+    output:
+        f"{MODELS}/workers/thresholds/{{pair}}-{{task}}/search-{{search}}.json",
+    # the learned router's search is the longest (thresholds.n_trials): started first, the slim ablations'
+    # short ones fill the other cores around it
+    priority: lambda w: 1 if w.search == "main" else 0
+    params:
+        viasd=VIASD_ARGS,
+        seed=config["seed"],
+        thresholds=config["thresholds"],
+        max_new_tokens=lambda w: config["tasks"][w.task].get("max_new_tokens"),
+        runs=STUDY["runs"],
+    threads: 1
+    resources:
+        gpu=GPU,
+        mem_mb=8000,
+        runtime=120,
+    log:
+        "logs/thresholds_search/{pair}-{task}-{search}.log",
+    benchmark:
+        "benchmarks/thresholds_search/{pair}-{task}-{search}.tsv"
+    conda:
+        "../envs/viasd.yaml"
+    shell:
+        "OMP_NUM_THREADS={threads} viasd tune-thresholds {params.viasd} --pair {wildcards.pair} --task {wildcards.task} "
+        "--search {wildcards.search} > {output} 2> {log}"
