@@ -19,6 +19,8 @@ rule train_router:
         seed=config["seed"],
         router=config.get("router", {}),
         gamma=config["thresholds"]["gamma"],
+    # main's threshold search waits for it; the hand rules' searches run beside it
+    priority: 1
     threads: 1
     resources:
         gpu=GPU,

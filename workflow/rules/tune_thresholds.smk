@@ -78,7 +78,8 @@ rule thresholds_search:
         models=lambda w: pair_models(w.pair, ["target", "draft", "independent"] if w.search == "independent"
                                      else ["target", "draft"]),
         masks=f"{MODELS}/masks/{{pair}}",
-        router=f"{MODELS}/routers/{{pair}}",
+        # only main's search draws the learned router: the hand rules' search runs beside the router's fit
+        router=lambda w: [f"{MODELS}/routers/{w.pair}"] if w.search == "main" else [],
         first=lambda w: [m for m in search_parts(w.pair, w.task, first=True) if not m.endswith(f"-{w.search}.json")],
     output:
         f"{MODELS}/workers/thresholds/{{pair}}-{{task}}/search-{{search}}.json",
