@@ -369,8 +369,9 @@ def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage, study_name: str,
     study is new, so that a shorter search of another slim starts from what worked. `confirm`: held-out dev
     prompts on which the chosen tiered policy must meet the constraints again (`confirm_choice`); the
     result's `confirm` lists the checks (empty when SD wins on dev). `worker`: one of several processes
-    sharing the study (`search.workers.run_trials`): it runs trials until the storage holds the budget and
-    returns None; the serial run (the default) then makes the choice."""
+    sharing the study (`search.workers.run_trials`), or a part running the search alone (`Worker.part`): it runs
+    trials until the storage holds the budget and returns None; the serial run (the default) then makes the
+    choice."""
     import optuna
     from tqdm.auto import tqdm
 
