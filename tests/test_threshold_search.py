@@ -378,7 +378,7 @@ def test_split_searches_run_the_serial_stages_trials_and_leave_it_the_choice(stu
         with pytest.raises(config.ConfigError, match="--search nosuch: the searches of this stage are rules, main, "):
             run_thresholds_stage(split, progress=False, worker=PART, search="nosuch")
         for search in slims:  # the first, then the others (a workflow runs these side by side)
-            assert run_thresholds_stage(split, progress=False, worker=PART, search=search) is not None
+            run_thresholds_stage(split, progress=False, worker=PART, search=search)
             assert not any(p["json"].exists() or p["trace"].exists() for p in paths.values())
             assert paths[search]["storage"].exists()
         parts = studies()

@@ -112,7 +112,7 @@ def run_thresholds_stage(params: Params, task: str | None = None, progress: bool
         if twin(search):
             log.info("slim %s keeps the DIMR mask's layers: main's search decides it; nothing to run", search)
             return {}
-        slims = order[: order.index(search) + 1] if search in order[:2] else [order[0], search]
+        slims = list(dict.fromkeys([order[0], search]))  # the first search (complete: no trials), then this one
     results: dict[str, dict] = {}
     common: dict = {}
     for first in [s for s in ("rules", "main") if s in slims]:

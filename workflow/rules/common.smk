@@ -83,8 +83,7 @@ def search_parts(pair, task, first=None):
     (`thresholds.split_searches`, with one worker): the first search's (`first=True`), or every other's
     (`first=False`), which start from it; None: all. The search's own rule waits for them all, then finds
     every study complete and confirms and picks."""
-    section = config.get("thresholds", {})
-    if not section.get("split_searches") or section.get("workers", 1) > 1:
+    if not PARAMS.thresholds.split_searches or PARAMS.thresholds.workers > 1:
         return []
     order = search_order(slims_to_tune(PARAMS))
     names = order if first is None else order[:1] if first else order[1:]
