@@ -304,49 +304,6 @@ def test_a_trial_stops_once_the_fidelity_floor_is_out_of_reach(study):
     assert not lossless["pruned"] and lossless["fidelity"] == 1.0 and lossless["prompts"] == n
 
 
-def test_a_trial_that_saves_nothing_over_sd_stops_at_the_next_look(study):
-    """`prune_after` k: after prompts 1..k, 1..2k, ... (never the last) a trial stops once its modelled cost per
-    token there is not below the cheapest SD point's on the same prompts; a cheaper one decodes every prompt. A
-    stopped trial is measured on the prompts it ran and is never a candidate."""
-    from dataclasses import replace
-
-    from viasd.search.thresholds import DevSet, ThresholdConfig, _point, sd_ceiling
-    from viasd.tasks import load_examples
-
-    _, params = study
-    run_dimr_stage(params, progress=False)
-    models = load_models(params.model_dir("target"), draft=params.model_dir("draft"),
-                         masks=[mask_paths(params)["mask"]], device="cpu")
-    dev = DevSet(models, load_examples(params.data.dir, "stdlib_continuation", "dev")[:5], 16)
-    dev.measure_pass_cost()
-    n = len(dev.prompts)
-    cfg = ThresholdConfig(prune_after=2)
-    sd_policy = replace(dev.base, gamma=4, tau_accept=math.inf, tau_slim=math.inf)
-    sd = _point(sd_policy, dev.evaluate(sd_policy, per_prompt=True), cfg, number=None, tiers_off=True)
-    assert len(sd["prompt_widths"]) == n and sd["feasible"]
-    ceiling = sd_ceiling([sd], dev)
-    assert sum(c for c, _ in ceiling) / sum(t for _, t in ceiling) == pytest.approx(sd["cost_per_token"])
-    # tiers that never pass: the slim runs on every block and every block escalates (SD's passes and the slim's)
-    never = replace(dev.base, gamma=4, score="ratio", tau_accept=1e30, tau_slim=2.0, max_lag=0)
-    whole = dev.evaluate(never, per_prompt=True)
-    assert whole["cost_per_token"] > sd["cost_per_token"] and not whole["pruned"]
-    stopped = dev.evaluate(never, ceiling=ceiling, prune_after=2)
-    assert stopped["stopped"] == "cost" and stopped["pruned"] and stopped["prompts"] == 2
-    assert stopped["task_drop"] is None
-    spent = sum(cost_per_token(w, dev.pass_cost) * t for w, t in whole["prompt_widths"][:2])
-    assert spent / sum(t for _, t in whole["prompt_widths"][:2]) >= sum(c for c, _ in ceiling[:2]) / \
-        sum(t for _, t in ceiling[:2])
-    point = _point(never, stopped, cfg, number=0, tiers_off=False)
-    assert not point["feasible"] and not point["violations"]  # it met every quality constraint it was measured on
-    # every draft token accepted at once: far cheaper than SD, it decodes every prompt
-    lossy = replace(dev.base, gamma=4, score="ratio", tau_accept=1e-6, tau_slim=0.0, max_lag=0)
-    cheap = dev.evaluate(lossy, ceiling=ceiling, prune_after=2)
-    assert cheap["stopped"] is None and cheap["prompts"] == n and cheap["cost_per_token"] < sd["cost_per_token"]
-    # no ceiling, or no prune_after: no stop
-    assert dev.evaluate(never, prune_after=2)["prompts"] == n
-    assert dev.evaluate(never, ceiling=ceiling)["prompts"] == n
-
-
 def test_the_choice_is_confirmed_on_held_out_dev_prompts(study, tmp_path):
     """The cheapest feasible tiered trial is kept only if it meets the constraints again on prompts the
     search did not select on. Confirmed on the search's own prompts (the same decodes) it is kept at the
@@ -399,8 +356,7 @@ def test_split_searches_run_the_serial_stages_trials_and_leave_it_the_choice(stu
     # a budget no other test uses: studies and outputs of their own
     split = config.load(smoke_params(tmp_path, {"data": {"dir": str(params.data.dir)},
                                                 "models": {"dir": str(params.models_dir)},
-                                                "thresholds": {"n_trials": 5, "rules_trials": 4,
-                                                               "prune_after": 1}}))
+                                                "thresholds": {"n_trials": 5, "rules_trials": 4}}))
     slims = ["rules", "main", "mask_random", "independent"]
     paths = {slim: threshold_paths(split, "stdlib_continuation", slim=slim) for slim in slims}
 
@@ -414,8 +370,7 @@ def test_split_searches_run_the_serial_stages_trials_and_leave_it_the_choice(stu
         for slim in slims:
             storage = f"sqlite:///{paths[slim]['storage']}"
             (name,) = optuna.get_all_study_names(storage)
-            out[slim] = [(t.number, t.state, t.params, t.user_attrs.get("stopped"), t.user_attrs.get("prompts"))
-                         for t in optuna.load_study(study_name=name, storage=storage).trials]
+            out[slim] = [(t.number, t.state, t.params) for t in optuna.load_study(study_name=name, storage=storage).trials]
         return out
 
     clear()
@@ -428,7 +383,6 @@ def test_split_searches_run_the_serial_stages_trials_and_leave_it_the_choice(stu
             assert paths[search]["storage"].exists()
         parts = studies()
         assert [len(parts[s]) for s in slims] == [4, 5, 3, 3]
-        assert any(t[3] == "cost" and t[4] == 1 for s in slims for t in parts[s])  # stopped after the first prompt
         results = run_thresholds_stage(split, progress=False)
         assert studies() == parts  # the serial stage ran no trial of its own
         assert list(results) == slims and [results[s]["trials"] for s in slims] == [4, 5, 3, 3]
@@ -441,8 +395,8 @@ def test_split_searches_run_the_serial_stages_trials_and_leave_it_the_choice(stu
         clear()
         serial = run_thresholds_stage(split, progress=False)
         again = studies()
-        for slim in ("rules", "main"):  # the same points, stopped alike (a part has the serial stage's SD ceiling)
-            assert [t[2:] for t in again[slim][:4]] == [t[2:] for t in parts[slim][:4]]
+        for slim in ("rules", "main"):
+            assert [t[2] for t in again[slim][:4]] == [t[2] for t in parts[slim][:4]]
         rules_points = [t[2] for t in parts["rules"]]
         assert all(t[2] in rules_points for t in parts["mask_random"])
         assert list(serial) == slims

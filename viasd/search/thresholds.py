@@ -83,10 +83,6 @@ class ThresholdConfig:
     # of many trials that met the floor on the same prompts met it partly by chance (`fidelity_lower_bound`); the
     # held-out check asks the same of the held-out fidelity; 0.5 = the point estimate
     fidelity_confidence: float = 0.95
-    # a trial stops after this many dev prompts (and after each further multiple, before the last) when its
-    # modelled cost per token on them is not below the cheapest SD point's on the same prompts (`DevSet.evaluate`):
-    # it is recorded as measured so far and is not a candidate. None: every trial decodes every prompt
-    prune_after: int | None = None
     seed: int = 0
 
 
@@ -187,31 +183,17 @@ class DevSet:
         self.pass_cost = fit_pass_costs(runs)
         return self.pass_cost
 
-    def evaluate(self, policy: DecodePolicy, min_fidelity: float | None = None,
-                 ceiling: list[tuple[float, int]] | None = None, prune_after: int | None = None,
-                 per_prompt: bool = False) -> dict:
+    def evaluate(self, policy: DecodePolicy, min_fidelity: float | None = None) -> dict:
         """Decode every dev prompt with `policy`: cost (model and wall) and the three quality measures.
 
         With `min_fidelity`, stop as soon as the policy cannot reach it whatever the remaining prompts
         give: after prompts 1..k with m of n tokens equal to the target's greedy choice, the best the
         rest can do is R = (remaining prompts) x max_new_tokens more tokens, all equal, so the final
         fidelity is at most (m + R) / (n + R). Below `min_fidelity` the point is infeasible, and its
-        measures (`pruned`: true, `stopped`: "fidelity", `prompts`: k) are those of the first k prompts, with
-        no task score.
-
-        With `ceiling` (per prompt: the modelled seconds and tokens of the decode to beat, the cheapest SD
-        point's, `sd_ceiling`) and `prune_after` k, also stop after prompts 1..k, 1..2k, ... (not the last) when
-        the policy's modelled cost per token on those prompts is not below the ceiling's on the same prompts
-        (`stopped`: "cost"): it saves nothing there, and a tiered policy is chosen only if it saves
-        `ThresholdConfig.min_gain` over all of them. Not an exact bound, unlike the fidelity one.
-
-        `per_prompt`: also return each prompt's passes per token and tokens (`prompt_widths`), from which
-        `sd_ceiling` costs a ceiling under any per-pass costs.
+        measures (`pruned`: true, `prompts`: k) are those of the first k prompts, with no task score.
         """
         results, row_scores = [], []
         matched = total = 0.0
-        spent = spent_tokens = 0.0
-        stopped = None
         for i, prompt in enumerate(self.prompts):
             result = self.models.generate(prompt, policy)
             _, (score,) = self.models.score([prompt], [result.token_ids], policy)
@@ -221,20 +203,8 @@ class DevSet:
                 matched, total = matched + score["fidelity"] * score["tokens"], total + score["tokens"]
             rest = (len(self.prompts) - i - 1) * policy.max_new_tokens
             if min_fidelity is not None and rest and (matched + rest) / (total + rest) < min_fidelity:
-                stopped = "fidelity"
                 break
-            if ceiling is not None and prune_after:
-                tokens = max(result.stats.new_tokens, 1)
-                spent += self._cost_per_token(result.stats) * tokens
-                spent_tokens += tokens
-                k = i + 1
-                if rest and k % prune_after == 0:
-                    sd_seconds = sum(c for c, _ in ceiling[:k])
-                    sd_tokens = max(sum(t for _, t in ceiling[:k]), 1)
-                    if spent / spent_tokens >= sd_seconds / sd_tokens:
-                        stopped = "cost"
-                        break
-        pruned = stopped is not None
+        pruned = len(results) < len(self.prompts)
         stats = DecodeStats.merge([r.stats for r in results])
         tokens = max(stats.new_tokens, 1)
         agree = sum(agreement(r.token_ids, ref) for r, ref in zip(results, self.reference)) / len(results)
@@ -243,19 +213,18 @@ class DevSet:
         groups = [self.task.group(e) for e in self.examples[: len(results)]] if self.task is not None else None
         score = None if pruned else self.task_score([r.text for r in results])
         keys = stats.layouts()
+        missing = missing_layouts(stats, self.pass_cost)
+        if missing:
+            raise ViasdError(f"no measured per-pass cost for runner layout(s) {sorted(missing)} (have {sorted(self.pass_cost)})")
         widths = widths_per_token(stats)
-        modeled = self._cost_per_token(stats)
-        if per_prompt:
-            extra = {"prompt_widths": [[widths_per_token(r.stats), max(r.stats.new_tokens, 1)] for r in results]}
-        else:
-            extra = {}
+        modeled = cost_per_token(widths, self.pass_cost)
         return {"cost_per_token": modeled, "wall_per_token": stats.wall_time_s / tokens,
                 "fidelity": scores["fidelity"], "fidelity_se": fidelity_standard_error(row_scores, groups),
                 "groups": len(set(groups)) if groups is not None else len(results),
                 "nll": scores["nll"], "agreement": agree,
                 "task_metric": self.metric, "task_score": score, "task_score_ar": self.ar_task,
                 "task_drop": task_drop(self.metric, self.ar_task, score) if self.metric and not pruned else None,
-                "pruned": pruned, "stopped": stopped, "prompts": len(results),
+                "pruned": pruned, "prompts": len(results),
                 "rejection_rate": stats.rejection_rate, "acceptance_rate": stats.acceptance_rate,
                 "block_escalation_rate": stats.block_escalation_rate, "gated_rate": stats.gated_rate,
                 "full_passes_per_token": stats.full_passes_per_token(),
@@ -264,14 +233,7 @@ class DevSet:
                 "position_escalation_rate": stats.position_escalation_rate, "slim_error_rate": stats.slim_error_rate,
                 "passes_per_token": {k: stats.passes[m] / tokens for m, k in keys.items()},
                 "pass_widths_per_token": widths,
-                "speedup_model_vs_ar": (self.full_pass_cost() / modeled) if modeled else None, **extra}
-
-    def _cost_per_token(self, stats: DecodeStats) -> float:
-        """Modelled seconds per generated token of a decode with `stats` under this dev set's per-pass costs."""
-        missing = missing_layouts(stats, self.pass_cost)
-        if missing:
-            raise ViasdError(f"no measured per-pass cost for runner layout(s) {sorted(missing)} (have {sorted(self.pass_cost)})")
-        return cost_per_token(widths_per_token(stats), self.pass_cost)
+                "speedup_model_vs_ar": (self.full_pass_cost() / modeled) if modeled else None}
 
     def full_pass_cost(self) -> float:
         """Seconds of one unshared one-token full-model pass (the ar step the cost model compares with)."""
@@ -317,29 +279,15 @@ def _point(policy: DecodePolicy, measured: dict, cfg: ThresholdConfig, **extra) 
     point = {k: getattr(policy, k) for k in POLICY_KEYS}
     point.update(extra, **measured)
     point["violations"] = cfg.quality.violations(measured)
-    # a trial stopped for its cost is measured on part of the prompts only: never a candidate
-    point["feasible"] = not point["violations"] and measured.get("stopped") != "cost"
+    point["feasible"] = not point["violations"]
     return point
-
-
-def sd_ceiling(sd_points: list[dict], dev: DevSet) -> list[tuple[float, int]] | None:
-    """Per dev prompt, the modelled seconds (under `dev`'s per-pass costs) and tokens of the cheapest feasible
-    SD point, the decode a trial must beat (`DevSet.evaluate`'s `ceiling`); None without per-prompt passes."""
-    feasible = [p for p in sd_points if p["feasible"] and p.get("prompt_widths")]
-    if not feasible:
-        return None
-    best = min(feasible, key=lambda p: p["cost_per_token"])
-    return [(cost_per_token(widths, dev.pass_cost) * tokens, tokens) for widths, tokens in best["prompt_widths"]]
 
 
 def tiers_off_points(dev: DevSet, cfg: ThresholdConfig, study) -> list[dict]:
     """The SD point at every searched gamma (viasd with every tier off), measured once per study."""
-    shared = dev.shared
     if "tiers_off_points" in study.user_attrs:
-        points = [{**p, "tau_accept": OFF, "tau_slim": OFF} for p in study.user_attrs["tiers_off_points"]]
-        if shared.tiers_off is None:  # e.g. a part that re-enters the first search: the next searches recost them
-            shared.tiers_off = points
-        return points
+        return [{**p, "tau_accept": OFF, "tau_slim": OFF} for p in study.user_attrs["tiers_off_points"]]
+    shared = dev.shared
     if shared.tiers_off is not None and all(split_key(k)[0] in dev.pass_cost
                                             for p in shared.tiers_off for k in p["pass_widths_per_token"]):
         # the same SD decodes (no slim runs in them), costed with this search's per-pass costs
@@ -352,7 +300,7 @@ def tiers_off_points(dev: DevSet, cfg: ThresholdConfig, study) -> list[dict]:
     for gamma in cfg.gamma:
         policy = replace(dev.base, gamma=gamma, tau_accept=OFF, tau_slim=OFF, gate=0.0, max_lag=0)
         start = time.perf_counter()
-        measured = dev.evaluate(policy, per_prompt=True)
+        measured = dev.evaluate(policy)
         measured["seconds"] = time.perf_counter() - start
         points.append(_point(policy, measured, cfg, number=None, tiers_off=True))
     study.set_user_attr("tiers_off_points", [{**p, "tau_accept": "inf", "tau_slim": "inf"} for p in points])
@@ -431,9 +379,7 @@ def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage, study_name: str,
 
     study = optuna.create_study(storage=storage, study_name=study_name, direction="minimize", load_if_exists=True)
     dev.pass_cost = study_pass_cost(study, dev, cfg)
-    # every process measures the SD points (or reads them: the study's, or the first search's): trials stop by them
-    sd_points = tiers_off_points(dev, cfg, study)
-    ceiling = sd_ceiling(sd_points, dev) if cfg.prune_after else None
+    sd_points = None if worker.partial else tiers_off_points(dev, cfg, study)
     if not study.trials and worker.lead:
         for point in list(warm_start)[: cfg.n_trials]:
             study.enqueue_trial(search_params(point, cfg), skip_if_exists=True)
@@ -444,9 +390,8 @@ def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage, study_name: str,
     def evaluate(trial) -> float:
         policy = suggest_policy(trial, dev.base, cfg)
         start = time.perf_counter()
-        # a trial that can no longer reach the fidelity floor stops early (an exact bound: DevSet.evaluate), and
-        # one that saves nothing over SD on the first prune_after prompts stops there
-        measured = dev.evaluate(policy, cfg.quality.min_fidelity, ceiling, cfg.prune_after)
+        # a trial that can no longer reach the fidelity floor stops early (an exact bound: DevSet.evaluate)
+        measured = dev.evaluate(policy, cfg.quality.min_fidelity)
         measured["seconds"] = time.perf_counter() - start
         for key, value in _point(policy, measured, cfg).items():
             trial.set_user_attr(key, value)
