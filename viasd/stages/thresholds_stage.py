@@ -163,7 +163,7 @@ def threshold_record(params: Params, pair: Pair, slim: str, out: dict, trials: l
         | {"data.dev": examples_path(params.data.dir, out["task"], "dev")},
         children=[{"name": f"trial {t['number']}", "params": {k: _json_value(t.get(k)) for k in POLICY_KEYS},
                    "metrics": {**{k: t.get(k) for k in ("cost_per_token", "fidelity", "task_drop", "agreement",
-                                                        "rejection_rate")},
+                                                        "rejection_rate", "prompts")},
                                "feasible": float(bool(t.get("feasible")))}} for t in trials],
         up_to_date=out.get("up_to_date", False))
 
