@@ -50,6 +50,43 @@ def test_oracle_is_the_targets_greedy_output(model_sets, tokenizer, arch, reuse)
         assert s.position_escalation_rate <= s.slim_error_rate + 1e-9
 
 
+@pytest.mark.parametrize("reuse", [False, True])
+@pytest.mark.parametrize("gamma", [2, 3, 6])
+def test_oracle_reading_the_greedy_reference_decodes_as_the_peeking_oracle(model_sets, tokenizer, gamma, reuse):
+    """Given the target's greedy output (`ar`'s tokens), the oracle reads its block targets there instead of
+    running peek passes: the same tokens, router rows and statistics as the oracle that peeks, every block but
+    at most the last ones (whose rows may run past the reference) served without a pass. Rows past a short
+    reference's end, or a reference the output leaves (a wrong one here), cost peeks from that block on: still
+    the target's greedy output."""
+    models = model_sets("llama")
+    max_new = 37
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt)["input_ids"]
+        policy = DecodePolicy(method="viasd", router="oracle", gamma=gamma, max_new_tokens=max_new, eos_token_ids=(),
+                              reuse=reuse)
+        ar = models.generate(ids, replace(policy, method="ar")).token_ids
+        rows_peek, rows_ref = RouterRows(), RouterRows()
+        peek = models.generate(ids, policy, router_rows=rows_peek)
+        ref = models.generate(ids, policy, router_rows=rows_ref, oracle_reference=ar)
+        assert ref.token_ids == peek.token_ids == ar
+        a, b = peek.stats.as_dict(), ref.stats.as_dict()
+        timing = {"wall_time_s", "time_s", "pass_width_s", "peek_time_s", "peek_passes", "peek_from_reference",
+                  "tokens_per_second", "router_time_s"}
+        assert {k: v for k, v in a.items() if k not in timing} == {k: v for k, v in b.items() if k not in timing}
+        blocks = peek.stats.peek_passes
+        assert ref.stats.peek_from_reference + ref.stats.peek_passes == blocks
+        assert ref.stats.peek_passes <= gamma  # blocks that start within gamma tokens of the end, each emits one or more
+        short = models.generate(ids, policy, oracle_reference=ar[:20])  # rows past its end: peeks
+        assert short.token_ids == ar and short.stats.peek_passes >= 1 and short.stats.peek_from_reference >= 1
+        for key in ("features", "draft_right", "slim_right"):
+            assert torch.equal(torch.nan_to_num(rows_peek.tensors()[key], -1), torch.nan_to_num(rows_ref.tensors()[key], -1))
+        wrong = ar[:5] + [(t + 1) % models.vocab_size for t in ar[5:]]
+        off = models.generate(ids, policy, oracle_reference=wrong)
+        assert off.token_ids == ar and off.stats.peek_passes > blocks // 2
+    budget = models.generate(ids, replace(policy, oracle_budget=0.2), oracle_reference=ar)
+    assert budget.stats.peek_from_reference == 0  # a budgeted oracle reads rows after a wrong token: it peeks
+
+
 def test_budgeted_oracle_spends_its_fidelity_budget(model_sets, tokenizer):
     models = model_sets("llama")
     ids = tokenizer(PROMPTS[0])["input_ids"]

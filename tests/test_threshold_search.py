@@ -125,6 +125,11 @@ def test_generate_decodes_a_study_cell_as_the_study_does(study, capsys):
     assert main([*cell, "--gamma", str(other), "--prompt", examples[0].prompt]) == 0
     changed = json.loads(capsys.readouterr().out)["policy"]
     assert changed == {**out["policy"], "gamma": other}
+    # the oracle run reads its block targets from ar's output of the same prompt, decoded first: no peek pass but
+    # for blocks that run past its end; fidelity 1 all the same
+    oracle = run_decode_stage(params, "smoke", "stdlib_continuation", ["viasd-oracle"], limit=2, progress=False)[0]
+    assert oracle["peek_from_reference"] > 0 and oracle["peek_passes"] <= 2 * oracle["policy"]["gamma"]
+    assert oracle["fidelity"] == 1.0
 
 
 def check_the_choice(result: dict, trace: list[dict]) -> None:

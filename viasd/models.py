@@ -259,9 +259,11 @@ class ModelSet:
         return score_outputs(self.target, prompts, outputs, self.vocab_size, policy, self.eos_token_ids(policy))
 
     def generate(self, prompt: str | Sequence[int], policy: DecodePolicy | None = None,
-                 router_rows: RouterRows | None = None, **overrides) -> DecodeResult:
+                 router_rows: RouterRows | None = None, oracle_reference: Sequence[int] | None = None,
+                 **overrides) -> DecodeResult:
         """Decode a text prompt (or token ids) and return new token ids, text and statistics (`router_rows`:
-        with the oracle router, collect the router's training rows)."""
+        with the oracle router, collect the router's training rows; `oracle_reference`: with it, the target's
+        greedy output of this prompt under the same policy, which spares the oracle its peek passes)."""
         policy = policy or DecodePolicy()
         if overrides:
             from dataclasses import replace
@@ -271,6 +273,7 @@ class ModelSet:
         eos = self.eos_token_ids(policy)
         result = decode(ids, policy, self.target, self.vocab_size, draft=self.draft, slims=self.slims,
                         tokenizer=self.tokenizer, eos_token_ids=eos, router=self.router, router_rows=router_rows,
+                        oracle_reference=oracle_reference,
                         draft_tokenizer=self.draft_tokenizer if self.cross_vocab else None)
         if self.tokenizer is not None:
             result.text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)

@@ -57,7 +57,8 @@ class DecodeSession:
     def __init__(self, prompt_ids: Sequence[int], policy: DecodePolicy, target: nn.Module, vocab_size: int,
                  draft: nn.Module | None = None, slims: Sequence[SlimVerifier | IndependentVerifier] = (), tokenizer=None,
                  eos_token_ids: Sequence[int] = (), router: LearnedRouter | None = None,
-                 router_rows: RouterRows | None = None, draft_tokenizer=None):
+                 router_rows: RouterRows | None = None, draft_tokenizer=None,
+                 oracle_reference: Sequence[int] | None = None):
         self.policy = policy
         self.vocab_size = vocab_size
         device = next(target.parameters()).device
@@ -97,6 +98,11 @@ class DecodeSession:
         self.router = self.peek = None  # viasd's learned router, or the oracle's peek runner
         self.router_rows = router_rows
         self.oracle_wrong = 0  # tokens the budgeted oracle settled although they were wrong
+        # the target's greedy output for this prompt, if the caller has it: the oracle reads its block targets
+        # there while the output is still that output (`oracle_targets`); not a budgeted oracle's, which reads rows
+        # after a wrong token it settled
+        self.oracle_reference = list(oracle_reference) if oracle_reference is not None and not policy.oracle_budget \
+            else None
         if policy.method == "viasd":
             viasd_method.set_up(self, target, vocab_size, capacity, router)
         # the method's runners and the oracle's peek runner (kept out of `runners`: its passes are not the
@@ -173,7 +179,19 @@ class DecodeSession:
 
     def oracle_targets(self, g: int) -> torch.Tensor:
         """`[g + 1]`: the target's greedy tokens at the block's rows given the drafted block (the oracle's
-        peek; teacher-forced, counted apart from the decode's passes)."""
+        peek; teacher-forced, counted apart from the decode's passes).
+
+        With `oracle_reference` (the target's greedy output of this prompt under the same settings: an `ar`
+        decode's tokens) and an output that is still its prefix, the rows come from it with no pass: row `i`
+        is the target's token given the block's draft tokens `x_0..x_{i-1}`, and the oracle only reads rows up
+        to the first draft token that differs from the target's (the block ends there), whose draft prefix is
+        the reference's own. Rows past the reference's end, or an output that left it (a full pass that broke a
+        near-tie the other way), take the peek pass; a budgeted oracle always does (it reads rows after a wrong
+        token it settled)."""
+        ref, n = self.oracle_reference, len(self.generated)
+        if ref is not None and n + g + 1 <= len(ref) and ref[:n] == self.generated:
+            self.stats.peek_from_reference += 1
+            return torch.tensor(ref[n : n + g + 1], dtype=torch.long, device=self.device)
         return self.peek.forward(self.ids, self.length + g, g + 1).argmax(-1)
 
     def _encode(self, prompt: torch.Tensor) -> None:
@@ -304,14 +322,18 @@ def _text_draft(policy: DecodePolicy, draft: nn.Module | None, draft_tokenizer, 
 def decode(prompt_ids: Sequence[int], policy: DecodePolicy, target: nn.Module, vocab_size: int,
            draft: nn.Module | None = None, slims: Sequence[SlimVerifier | IndependentVerifier] = (), tokenizer=None,
            eos_token_ids: Sequence[int] = (), router: LearnedRouter | None = None,
-           router_rows: RouterRows | None = None, draft_tokenizer=None) -> DecodeResult:
+           router_rows: RouterRows | None = None, draft_tokenizer=None,
+           oracle_reference: Sequence[int] | None = None) -> DecodeResult:
     """Decode `prompt_ids` with `policy.method`: `(models, prompt, policy) -> (tokens, stats)`. Pure:
     no files, no tracking. Greedy results are deterministic; sampled ones are fixed by `policy.seed`.
 
     `router`: the fitted router of `policy.router == "learned"`. `router_rows`: with the oracle router,
     every block's router features and oracle labels are appended to it (the router's training data).
     `draft_tokenizer`: the draft's own tokenizer when it is not the target's (`tokenizer`): its proposals
-    are then carried through text (`text_draft.py`)."""
+    are then carried through text (`text_draft.py`). `oracle_reference`: with the oracle router, the target's
+    greedy output of this prompt under the same settings (an `ar` decode's tokens), which spares the oracle
+    its peek passes while the output follows it (`DecodeSession.oracle_targets`): the same tokens and
+    statistics either way, `peek_from_reference` counting the blocks it served."""
     from .methods import BLOCKS
 
     if policy.needs_draft and draft is None:
@@ -321,6 +343,7 @@ def decode(prompt_ids: Sequence[int], policy: DecodePolicy, target: nn.Module, v
     session = DecodeSession(prompt_ids, policy, target, vocab_size, draft=draft if policy.needs_draft else None,
                             slims=slims if policy.needs_slim else (), tokenizer=tokenizer,
                             eos_token_ids=eos_token_ids, router=router, router_rows=router_rows,
-                            draft_tokenizer=draft_tokenizer if policy.needs_draft else None)
+                            draft_tokenizer=draft_tokenizer if policy.needs_draft else None,
+                            oracle_reference=oracle_reference if policy.router == "oracle" else None)
     with torch.inference_mode():
         return session.run(BLOCKS[policy.method])

@@ -20,6 +20,8 @@ Accounting identities every decode satisfies (tested):
   regeneration ends its block without escalating, so this is not `1 - prod_i r_i`.
 - the oracle router (`router: oracle`): `peek_passes` / `peek_time_s` are its teacher-forced look-ups of
   the target's greedy tokens, not part of the method (its `wall_time_s` leaves them out);
+  `peek_from_reference` the blocks that read those tokens from the target's greedy output given with the
+  decode (`oracle_reference`) instead, with no peek pass;
   `oracle_slim_wrong` the examined positions where the slim's greedy choice was not the target's (the
   slim's error rate on the decode's own positions), `oracle_settled_wrong` the wrong tokens a budgeted
   oracle settled.
@@ -91,6 +93,7 @@ class DecodeStats:
     router_time_s: float = 0.0
     peek_passes: int = 0
     peek_time_s: float = 0.0
+    peek_from_reference: int = 0  # oracle blocks whose greedy tokens came from the given reference, no peek pass
     oracle_slim_wrong: int = 0
     oracle_settled_wrong: int = 0
     wall_time_s: float = 0.0
@@ -136,7 +139,8 @@ class DecodeStats:
     @property
     def slim_error_rate(self) -> float | None:
         """Oracle decodes only: share of examined positions where the slim's greedy choice was wrong."""
-        return _ratio(self.oracle_slim_wrong, sum(self.position_reached)) if self.peek_passes else None
+        oracle = self.peek_passes or self.peek_from_reference
+        return _ratio(self.oracle_slim_wrong, sum(self.position_reached)) if oracle else None
 
     @property
     def gated_rate(self) -> float | None:

@@ -194,8 +194,9 @@ class DevSet:
         """
         results, row_scores = [], []
         matched = total = 0.0
+        oracle = policy.router == "oracle"  # the target's greedy dev outputs spare the oracle its peek passes
         for i, prompt in enumerate(self.prompts):
-            result = self.models.generate(prompt, policy)
+            result = self.models.generate(prompt, policy, oracle_reference=self.reference[i] if oracle else None)
             _, (score,) = self.models.score([prompt], [result.token_ids], policy)
             results.append(result)
             row_scores.append(score)
