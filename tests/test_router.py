@@ -365,3 +365,28 @@ def test_position_features_by_hand():
     assert col["p_entropy"].tolist() == pytest.approx([h, 0.0])
     assert col["agree"].tolist() == [1.0, 0.0] and col["position"].tolist() == [0.0, 1.0]
     assert col["bonus"].tolist() == [0.0, 1.0]
+
+
+def test_report_gives_the_oracle_headroom_measured_and_modelled():
+    """The report's oracle line: `viasd` and the oracle against `sd`, each measured (speed per token in the
+    decode job) and modelled (their passes under the cost model), and the share of the oracle's headroom
+    `viasd` takes, measured against measured, modelled against modelled, and measured against the modelled
+    oracle, by hand."""
+    from viasd.search.pass_cost import PassCost
+    from viasd.stages.report_stage import oracle_headroom
+
+    def run(name, speedup, target_passes, **extra):
+        widths = {"draft:1/1": 400, "target:12/5": target_passes}
+        return {"run": name, "speedup_vs_ar": speedup, "new_tokens": 100, "pass_widths": widths,
+                "pass_width_s": {k: 0.0 for k in widths}, "policy": {"gamma": 4, "router": "learned"}, **extra}
+
+    costs = {"draft:1": PassCost(0.001, 0.0), "target:12": PassCost(0.01, 0.0)}
+    # modelled seconds per token: sd (0.4 + 0.4) / 100, viasd (0.4 + 0.2) / 100, oracle (0.4 + 0.1) / 100
+    evals = [run("sd", 1.5, 40), run("viasd", 1.8, 20, position_escalation_rate=0.1),
+             run("viasd-oracle", 2.1, 10, slim_error_rate=0.08)]
+    line = oracle_headroom(evals, costs)
+    assert "1.200× measured, 1.333× by the cost model" in line  # viasd: 1.8 / 1.5, 0.008 / 0.006
+    assert "oracle router 1.400× measured, 1.600× by the cost model" in line
+    assert "takes 0.50 (measured) / 0.56 (modelled)" in line and "(0.33: measured `viasd`, modelled oracle)" in line
+    assert "escalated 0.100" in line and "wrong on 0.080" in line
+    assert "no `sd`" in oracle_headroom(evals[:2], costs)
