@@ -369,24 +369,8 @@ def summarise(methods, seconds, n_tokens, stats, counts, memory) -> dict:
                     for a, b in (("viasd", "sd"), ("viasd", "spec_cascade"), ("sd", "ar"), ("viasd", "ar"),
                                  ("viasd_oracle", "sd"), ("viasd_rules", "sd"))
                     if a in model_time and b in model_time and model_time[a]}
-    for name, st in stats.items():
-        # an oracle reads its block targets from the target's greedy outputs (`run_benchmark`), but the last
-        # blocks of a prompt, whose rows run past the output's end, peek: its tokens/s without them takes the
-        # checked round's peek seconds off
-        if st.peek_passes or st.peek_from_reference:  # an oracle (None when the checked round's peeks took longer
-            # than a timed round: noise)
-            rest = statistics.median(seconds[name]) - st.peek_time_s
-            per[name]["tokens_per_second_without_peek"] = n_tokens / rest if rest > 0 else None
     ratios["viasd_rules_vs_sd"] = ratio("viasd_rules", "sd")
-    if "viasd_oracle" in per and "sd" in med:  # measured: its own passes, without the last blocks' peeks
-        oracle_rate = per["viasd_oracle"].get("tokens_per_second_without_peek") or med["viasd_oracle"]
-        ratios["viasd_oracle_vs_sd"] = oracle_rate / med["sd"]
-    oracle_model = ratios_model.get("viasd_oracle_vs_sd_model")
-    # the share of the oracle's headroom that viasd takes: each measured against the measured oracle, and each
-    # against the modelled one
-    headroom = {"viasd_measured": headroom_share(ratios.get("viasd_vs_sd"), ratios.get("viasd_oracle_vs_sd")),
-                "viasd_measured_oracle_modelled": headroom_share(ratios.get("viasd_vs_sd"), oracle_model),
-                "viasd_model": headroom_share(ratios_model.get("viasd_vs_sd_model"), oracle_model)}
+    headroom = _oracle_figures(per, med, stats, seconds, n_tokens, ratios, ratios_model)
     if ar is not None and ar.passes.get("target") and "ar" in med:
         step = ar.time_s["target"] / ar.passes["target"]
         for name in ("sd", "cascade_sd", "spec_cascade", "viasd"):
@@ -406,6 +390,27 @@ def summarise(methods, seconds, n_tokens, stats, counts, memory) -> dict:
                                     if v and f"{k}_model" in ratios_model}}
 
 
+
+
+def _oracle_figures(per: dict, med: dict, stats: dict, seconds: dict, n_tokens: int, ratios: dict,
+                    ratios_model: dict) -> dict:
+    """An oracle's tokens/s without its peeks (into `per`), its measured ratio to sd (into `ratios`), and the
+    share of its headroom over sd that viasd takes: measured against the measured oracle, measured against
+    the modelled one, and modelled."""
+    for name, st in stats.items():
+        # an oracle reads its block targets from the target's greedy outputs (`run_benchmark`), but the last
+        # blocks of a prompt, whose rows run past the output's end, peek: its tokens/s without them takes the
+        # checked round's peek seconds off (None when those took longer than a timed round: noise)
+        if st.peek_passes or st.peek_from_reference:
+            rest = statistics.median(seconds[name]) - st.peek_time_s
+            per[name]["tokens_per_second_without_peek"] = n_tokens / rest if rest > 0 else None
+    if "viasd_oracle" in per and "sd" in med:
+        oracle_rate = per["viasd_oracle"].get("tokens_per_second_without_peek") or med["viasd_oracle"]
+        ratios["viasd_oracle_vs_sd"] = oracle_rate / med["sd"]
+    oracle_model = ratios_model.get("viasd_oracle_vs_sd_model")
+    return {"viasd_measured": headroom_share(ratios.get("viasd_vs_sd"), ratios.get("viasd_oracle_vs_sd")),
+            "viasd_measured_oracle_modelled": headroom_share(ratios.get("viasd_vs_sd"), oracle_model),
+            "viasd_model": headroom_share(ratios_model.get("viasd_vs_sd_model"), oracle_model)}
 
 def _closed_form(s: DecodeStats, step: float) -> float | None:
     """(1 - a^(g+1)) / ((1 - a)(g c + 1)), a = acceptance rate, g = drafts per block, c = draft/target step cost."""
