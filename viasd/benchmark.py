@@ -9,13 +9,8 @@ after a warm-up round; a method's tokens/s per round is its tokens over its wall
 The checks on the outputs (same tokens for the lossless methods, numerical ties in reduced
 precision) and their quality (fidelity, task metric) are in `bench_outputs`.
 
-Ideal speedup (docs/method.md (speculative decoding), generalised to any pass mix): a method whose engine spent nothing
-outside its model passes would need `sum_m P_m c_m` seconds for its `N` tokens (`P_m` passes of
-model `m` at the measured mean cost `c_m`, from its own run); against the measured `ar` time per
-token `t_ar`, `ideal = t_ar N / sum_m P_m c_m`, and `efficiency = measured / ideal` is the share
-of the method's wall time spent in model passes (1.0 = no engine overhead). For `sd` the paper's
-closed form `(1 - a^(g+1)) / ((1 - a)(g c + 1))` with the measured acceptance `a` (verify pass
-costed as one target step) is reported beside it.
+What the timed rounds mean (ratios, the cost model's ratios, efficiencies, the oracle's headroom) and
+their markdown table are in `bench_figures`.
 
 Pure library code: models and prompts in, a JSON-ready dict out (no files, no tracking).
 """
@@ -32,15 +27,15 @@ from pathlib import Path
 
 import torch
 
+from .bench_figures import summarise
 from .bench_outputs import check_outputs, quality_of, tie_gap  # noqa: F401 (re-exported)
 from .decoding.policy import METHODS, DecodePolicy
 from .decoding.processors import ProcessorSettings, resolve
-from .decoding.router import headroom_share, oracle_settings
+from .decoding.router import oracle_settings
 from .decoding.seq2seq import is_encoder_decoder
 from .decoding.stats import DecodeStats
 from .errors import BenchError
 from .models import ModelSet
-from .search.pass_cost import cost_per_token, costs_to_json, fit_pass_costs, widths_per_token
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +193,7 @@ def _runner(models: ModelSet, method: BenchMethod, max_new_tokens: int, settings
     """`prompt -> output` of one method; an oracle's reads its block targets from `greedy` (prompt -> the
     target's greedy output) where it has the prompt, instead of peeking."""
     if method.policy is not None:
-        if greedy and method.policy.router == "oracle":
+        if greedy is not None and method.policy.router == "oracle":
             return lambda prompt: models.generate(prompt, method.policy, oracle_reference=greedy.get(tuple(prompt)))
         return lambda prompt: models.generate(prompt, method.policy)
     return hf_generate(models, max_new_tokens, assistant=method.name != "hf_ar", assistant_tokens=method.assistant_tokens,
@@ -225,10 +220,10 @@ def run_benchmark(models: ModelSet, prompts: list[list[int]], methods: list[Benc
 
     device = next(models.target.parameters()).device
     settings = generation_settings(models, methods)
-    # the target's greedy output of every prompt, once, for an oracle among the methods: it reads its block
-    # targets there, so its timed rounds run its own passes only (a peek pass between them would slow them)
-    oracle = next((m.policy for m in methods if m.policy is not None and m.policy.router == "oracle"), None)
-    greedy = {tuple(p): models.generate(p, replace(oracle, method="ar")).token_ids for p in prompts} if oracle else {}
+    # the target's greedy output of every prompt, for an oracle among the methods: it reads its block targets
+    # there, so its timed rounds run its own passes only (a peek pass between them would slow them). Filled in
+    # round 0 before the oracles (checked last): `ar`'s outputs when it runs, else decoded once
+    greedy: dict[tuple, list[int]] = {}
     runners = {m.name: _runner(models, m, max_new_tokens, settings, greedy) for m in methods}
     # timed rounds: no per-model synchronisation on a GPU (round 0 measures per-model times)
     timed = {m.name: _runner(models, replace(m, policy=replace(m.policy, exact_timing=False)) if m.policy else m,
@@ -241,7 +236,12 @@ def run_benchmark(models: ModelSet, prompts: list[list[int]], methods: list[Benc
     for method in methods:  # warm-up: lazy initialisation, allocator, caches
         runners[method.name](prompts[0])
     # round 0: outputs, statistics, per-model times, pass counts and memory
-    for method in tqdm(methods, desc="bench: check outputs", disable=not progress, leave=False):
+    oracles = [m for m in methods if m.policy is not None and m.policy.router == "oracle"]
+    for method in tqdm([m for m in methods if m not in oracles] + oracles, desc="bench: check outputs",
+                       disable=not progress, leave=False):
+        if method in oracles and not greedy:
+            outs = tokens.get("ar") or [models.generate(p, replace(method.policy, method="ar")).token_ids for p in prompts]
+            greedy.update({tuple(p): out for p, out in zip(prompts, outs)})
         # transformers' passes are counted by hooks; ours by the engine itself
         counter = PassCounter(modules) if method.policy is None else None
         outs, parts = [], []
@@ -314,145 +314,3 @@ def _with_length(method: BenchMethod, n: int) -> BenchMethod:
     if method.policy is None:
         return method
     return replace(method, policy=replace(method.policy, max_new_tokens=n, exact_timing=False))
-
-
-def _ideal(stats: DecodeStats, ar_seconds_per_token: float) -> float | None:
-    model_time = sum(stats.time_s.values())
-    return stats.new_tokens * ar_seconds_per_token / model_time if model_time else None
-
-
-def summarise(methods, seconds, n_tokens, stats, counts, memory) -> dict:
-    per = {}
-    for m in methods:
-        rates = [n_tokens / s for s in seconds[m.name]]
-        s = stats.get(m.name)
-        # ours: the engine's own pass counts (a routed slim view shares the target's modules, hooks
-        # included, so hook counts would mix them); transformers: forward hooks on the two models
-        passes = {"draft": 0, **s.passes} if s is not None else counts[m.name]  # see run_benchmark
-        row = {"tokens_per_second": {"median": statistics.median(rates), "min": min(rates), "max": max(rates),
-                                     "rounds": rates},
-               "peak_memory_mb": memory[m.name],
-               "forward_passes_per_token": {k: v / n_tokens for k, v in passes.items()}}
-        if s is not None:
-            row.update({"acceptance_rate": s.acceptance_rate, "rejection_rate": s.rejection_rate,
-                        "mean_accepted_length": s.mean_accepted_length, "tokens_per_block": s.tokens_per_block,
-                        "block_escalation_rate": s.block_escalation_rate, "gated_rate": s.gated_rate,
-                        "position_pass_rates": s.position_pass_rates(), "lagged_rolled_back": s.lagged_rolled_back,
-                        "position_escalation_rate": s.position_escalation_rate, "slim_error_rate": s.slim_error_rate,
-                        "router_seconds_per_block": s.router_time_s / s.blocks if s.blocks else None,
-                        "layer_tokens_per_token": {k: v / max(s.new_tokens, 1) for k, v in s.layer_tokens.items()},
-                        "pass_cost_s": {k: s.time_s[k] / s.passes[k] for k in s.passes if s.passes[k]}})
-        else:  # transformers: one target pass per verify step
-            target_passes = counts[m.name].get("target", 0)
-            row.update({"acceptance_rate": None, "rejection_rate": None,
-                        "mean_accepted_length": (n_tokens / target_passes - 1) if m.name != "hf_ar" and target_passes else None})
-        per[m.name] = row
-    med = {name: row["tokens_per_second"]["median"] for name, row in per.items()}
-
-    def ratio(a, b):
-        return med[a] / med[b] if a in med and b in med else None
-
-    best_hf_assisted = max((n for n in ("hf_assisted", "hf_assisted_fixed") if n in med), key=med.get, default=None)
-    ratios = {"ar_vs_hf_ar": ratio("ar", "hf_ar"),
-              "sd_vs_hf_assisted": ratio("sd", best_hf_assisted) if best_hf_assisted else None,
-              "sd_vs_ar": ratio("sd", "ar"), "viasd_vs_sd": ratio("viasd", "sd"), "viasd_vs_ar": ratio("viasd", "ar"),
-              "cascade_sd_vs_ar": ratio("cascade_sd", "ar"), "spec_cascade_vs_ar": ratio("spec_cascade", "ar"),
-              "hf_assisted_vs_hf_ar": ratio(best_hf_assisted, "hf_ar") if best_hf_assisted else None}
-    efficiency = {}
-    ar = stats.get("ar")
-    # the cost model's ratios beside the measured ones: each method's decoding passes priced by per-layout,
-    # per-width costs (`search.pass_cost`) fitted on every method that ran that runner layout, so that the
-    # prediction compares passes, not one round's timing noise; e.g. viasd_vs_sd_model = T_sd / T_viasd
-    unit = fit_pass_costs(stats.values())
-    model_time = {n: cost_per_token(widths_per_token(st), unit) for n, st in stats.items()}
-    ratios_model = {f"{a}_vs_{b}_model": model_time[b] / model_time[a]
-                    for a, b in (("viasd", "sd"), ("viasd", "spec_cascade"), ("sd", "ar"), ("viasd", "ar"),
-                                 ("viasd_oracle", "sd"), ("viasd_rules", "sd"))
-                    if a in model_time and b in model_time and model_time[a]}
-    ratios["viasd_rules_vs_sd"] = ratio("viasd_rules", "sd")
-    headroom = _oracle_figures(per, med, stats, seconds, n_tokens, ratios, ratios_model)
-    if ar is not None and ar.passes.get("target") and "ar" in med:
-        step = ar.time_s["target"] / ar.passes["target"]
-        for name in ("sd", "cascade_sd", "spec_cascade", "viasd"):
-            if name in stats:
-                ideal = _ideal(stats[name], 1.0 / med["ar"])
-                measured = med[name] / med["ar"]
-                entry = {"measured_speedup": measured, "ideal_speedup": ideal,
-                         "efficiency": measured / ideal if ideal else None}
-                if name == "sd":
-                    entry["ideal_speedup_closed_form"] = _closed_form(stats[name], step)
-                efficiency[name] = entry
-    return {"methods": per, "ratios": {k: v for k, v in ratios.items() if v is not None}, "efficiency": efficiency,
-            "ratios_model": ratios_model, "pass_cost_model": costs_to_json(unit), "best_hf_assisted": best_hf_assisted,
-            "oracle_headroom_taken": {k: v for k, v in headroom.items() if v is not None},
-            # how close the cost model comes: modelled ratio / measured ratio (1 = exact)
-            "model_over_measured": {k: ratios_model[f"{k}_model"] / v for k, v in ratios.items()
-                                    if v and f"{k}_model" in ratios_model}}
-
-
-
-
-def _oracle_figures(per: dict, med: dict, stats: dict, seconds: dict, n_tokens: int, ratios: dict,
-                    ratios_model: dict) -> dict:
-    """An oracle's tokens/s without its peeks (into `per`), its measured ratio to sd (into `ratios`), and the
-    share of its headroom over sd that viasd takes: measured against the measured oracle, measured against
-    the modelled one, and modelled."""
-    for name, st in stats.items():
-        # an oracle reads its block targets from the target's greedy outputs (`run_benchmark`), but the last
-        # blocks of a prompt, whose rows run past the output's end, peek: its tokens/s without them takes the
-        # checked round's peek seconds off (None when those took longer than a timed round: noise)
-        if st.peek_passes or st.peek_from_reference:
-            rest = statistics.median(seconds[name]) - st.peek_time_s
-            per[name]["tokens_per_second_without_peek"] = n_tokens / rest if rest > 0 else None
-    if "viasd_oracle" in per and "sd" in med:
-        oracle_rate = per["viasd_oracle"].get("tokens_per_second_without_peek") or med["viasd_oracle"]
-        ratios["viasd_oracle_vs_sd"] = oracle_rate / med["sd"]
-    oracle_model = ratios_model.get("viasd_oracle_vs_sd_model")
-    return {"viasd_measured": headroom_share(ratios.get("viasd_vs_sd"), ratios.get("viasd_oracle_vs_sd")),
-            "viasd_measured_oracle_modelled": headroom_share(ratios.get("viasd_vs_sd"), oracle_model),
-            "viasd_model": headroom_share(ratios_model.get("viasd_vs_sd_model"), oracle_model)}
-
-def _closed_form(s: DecodeStats, step: float) -> float | None:
-    """(1 - a^(g+1)) / ((1 - a)(g c + 1)), a = acceptance rate, g = drafts per block, c = draft/target step cost."""
-    a = s.acceptance_rate
-    if a is None or not s.blocks or not s.passes.get("draft"):
-        return None
-    g = s.drafted / s.blocks
-    c = (s.time_s["draft"] / s.passes["draft"]) / step
-    expected = (g + 1) if a >= 1 else (1 - a ** (g + 1)) / (1 - a)
-    return expected / (g * c + 1)
-
-
-def markdown(result: dict, title: str) -> str:
-    lines = [f"# {title}\n", "| method | tokens/s (median) | min–max | fidelity | task metric | task drop | "
-             "acceptance | mean acc. length | target passes/token | slim passes/token | draft passes/token | peak MB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-
-    def f(x, p=3):
-        return "–" if x is None else f"{x:.{p}f}"
-
-    for name, row in result["methods"].items():
-        tps = row["tokens_per_second"]
-        fp = row["forward_passes_per_token"]
-        q = row.get("quality") or {}
-        lines.append(f"| {name} | {f(tps['median'], 1)} | {f(tps['min'], 1)}–{f(tps['max'], 1)} | "
-                     f"{f(q.get('fidelity'))} | {f(q.get('task_score'), 2)} | {f(q.get('task_drop'), 2)} | "
-                     f"{f(row['acceptance_rate'])} | {f(row['mean_accepted_length'])} | {f(fp.get('target'))} | "
-                     f"{f(fp.get('slim'))} | {f(fp.get('draft'))} | {f(row['peak_memory_mb'], 0)} |")
-    for tie in result.get("numerical_ties", []):
-        lines.append(f"\n{tie['method']} parts from {tie['reference']} on prompt {tie['prompt']} at position "
-                     f"{tie['position']}: a numerical tie (logit gap {tie['logit_gap']:.3g}, noise {tie['noise']:.3g})")
-    lines += ["", "| ratio | value |", "|---|---|"] + [f"| {k} | {v:.3f} |" for k, v in result["ratios"].items()]
-    lines += [f"| {k} (cost model; model / measured {result.get('model_over_measured', {}).get(k[:-6], float('nan')):.3f}) "
-              f"| {v:.3f} |" for k, v in result.get("ratios_model", {}).items()]
-    lines += [f"| share of the oracle's headroom over sd taken by viasd ({k.replace('_', ' ')}) "
-              f"| {v:.3f} |" for k, v in result.get("oracle_headroom_taken", {}).items()]
-    if "viasd_oracle" in result["methods"]:
-        lines.append("\nviasd_oracle reads the target's greedy tokens it decides by from the greedy outputs decoded "
-                     "before the rounds; the last blocks of a prompt, whose rows run past them, peek: its ratio to sd "
-                     "(`viasd_oracle_vs_sd`) takes those peeks' seconds off, and the cost model never prices them.")
-    lines += ["", "| method | measured speedup vs ar | ideal | efficiency |", "|---|---|---|---|"]
-    lines += [f"| {k} | {f(v['measured_speedup'])} | {f(v['ideal_speedup'])} | {f(v['efficiency'])} |"
-              for k, v in result["efficiency"].items()]
-    return "\n".join(lines) + "\n"
-

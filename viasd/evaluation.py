@@ -19,7 +19,8 @@ def decode_side_by_side(models: ModelSet, reference: DecodePolicy, cells: dict[s
     """Decode every example once with the `reference` policy (greedy `ar`) on `models` and with each
     cell's `(models, policy)`, side by side: for each example the reference and every cell run one after
     another, in an order that rotates from one example to the next, so that all see the same machine
-    state (after a short warm-up of each). The task's stop strings are added to every policy's.
+    state (after a short warm-up of each); an oracle cell (`router: oracle`) decodes after the reference and
+    reads its greedy output instead of peeking. The task's stop strings are added to every policy's.
 
     Returns (rows per cell, merged statistics per cell, the reference's rows, its merged statistics).
     Rows are `{id, token_ids, text, stats}`; a cell's rows also carry the reference's tokens
@@ -40,6 +41,8 @@ def decode_side_by_side(models: ModelSet, reference: DecodePolicy, cells: dict[s
     if prompts and warmup_tokens:
         for _, m, policy in entries:
             m.generate(prompts[0], replace(policy, max_new_tokens=min(warmup_tokens, policy.max_new_tokens)))
+    # oracle cells decode each prompt after the reference and read its greedy output (`DecodeSession.oracle_targets`)
+    oracles = {name for name, (_, p) in cells.items() if p.router == "oracle"}
     rows: dict[str, list[dict]] = {name: [] for name in cells}
     parts: dict[str, list[DecodeStats]] = {name: [] for name in cells}
     ref_rows, ref_parts = [], []
@@ -49,12 +52,12 @@ def decode_side_by_side(models: ModelSet, reference: DecodePolicy, cells: dict[s
             shift = i % len(entries)
             results = {}
             for name, m, policy in entries[shift:] + entries[:shift]:
-                if name is None or policy.router != "oracle":
+                if name not in oracles:
                     results[name] = m.generate(prompt, policy)
                     bar.update()
             ref = results.pop(None)
-            for name, m, policy in entries[1:]:  # an oracle's time is not its speed (the cost model's): after ar, whose
-                if policy.router == "oracle":  # greedy output spares it its peek passes
+            for name, m, policy in entries:  # after ar, whose greedy output spares them their peek passes
+                if name in oracles:
                     results[name] = m.generate(prompt, policy, oracle_reference=ref.token_ids)
                     bar.update()
             ref_rows.append({"id": example.id, "token_ids": ref.token_ids, "text": ref.text, "stats": ref.stats.as_dict()})

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import logging
 
+from ..bench_figures import markdown
 from ..benchmark import (
     BenchError,
-    markdown,
     method_table,
     per_token_seconds,
     run_benchmark,
