@@ -390,3 +390,11 @@ def test_report_gives_the_oracle_headroom_measured_and_modelled():
     assert "takes 0.50 (measured) / 0.56 (modelled)" in line and "(0.33: measured `viasd`, modelled oracle)" in line
     assert "escalated 0.100" in line and "wrong on 0.080" in line
     assert "no `sd`" in oracle_headroom(evals[:2], costs)
+    assert "budgeted oracle" not in line
+    # the budgeted oracle at the fidelity floor: (0.4 + 0.05) / 100 modelled, 2.4 / 1.5 = 1.6 measured
+    budgeted = run("viasd-oracle_budget", 2.4, 5, quality={"fidelity": 0.97, "task_drop": 0.4})
+    budgeted["policy"]["oracle_budget"] = 0.05
+    line = oracle_headroom([*evals, budgeted], costs)
+    assert "settle 0.05 of its tokens wrong" in line
+    assert "1.600× measured, 1.778× by the cost model, fidelity 0.970, task drop 0.40" in line
+    assert "`viasd` takes 0.33 (measured) / 0.43 (modelled) of its headroom" in line  # 0.2 / 0.6, 0.333 / 0.778

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 from study_fixtures import smoke_params
@@ -29,6 +30,7 @@ from viasd.study.slims import slims_to_tune
     ("viasd-no_tier2", "viasd", "no_tier2", "main", None),
     ("viasd-rules", "viasd", "rules", "main", None),
     ("viasd-oracle", "viasd", "oracle", "main", None),
+    ("viasd-oracle_budget", "viasd", "oracle_budget", "main", None),
     ("sd-gamma_6", "sd", "gamma_6", None, 6),
 ])
 def test_runs_parse(text, method, ablation, mask, gamma):
@@ -94,6 +96,13 @@ def test_policy_and_inputs_of_each_run(tmp_path):
     path.write_text(json.dumps({**tuned, "tau_accept": "inf", "tau_slim": "inf"}))
     oracle = run_policy(params, "smoke", "stdlib_continuation", "viasd-oracle")
     assert (oracle.router, oracle.gamma, oracle.tiers_off, oracle.verify_lagged) == ("oracle", 3, False, False)
+    assert oracle.oracle_budget == 0.0
+    # the budgeted oracle spends what the search's fidelity floor allows (smoke: 0.5); without a floor, one error
+    budgeted = run_policy(params, "smoke", "stdlib_continuation", "viasd-oracle_budget")
+    assert (budgeted.router, budgeted.gamma, budgeted.oracle_budget) == ("oracle", 3, pytest.approx(0.5))
+    no_floor = replace(params, thresholds=replace(params.thresholds, search={**params.thresholds.search, "quality": {}}))
+    with pytest.raises(config.ConfigError, match="min_fidelity, which is None: set a floor below 1"):
+        run_policy(no_floor, "smoke", "stdlib_continuation", "viasd-oracle_budget")
 
 
 def test_shared_optuna_storage_is_seen_by_another_worker(tmp_path):
@@ -120,6 +129,9 @@ def test_shared_optuna_storage_is_seen_by_another_worker(tmp_path):
     ({"study": {"runs": ["sd-no_tier2"]}}, "study.runs.0: 'sd-no_tier2': no_tier2 is a VIA-SD ablation"),
     ({"models": {"hub_pairs": {"hp": {"target": "org/t", "draft": "org/d"}}}, "study": {"pairs": ["hp"],
       "runs": ["viasd-independent"]}}, "models.hub_pairs.hp.independent is not set"),
+    ({"study": {"runs": ["viasd-oracle_budget"]}, "thresholds": {"quality": {"min_fidelity": None}}},
+     "study.runs.0: 'viasd-oracle_budget' spends the fidelity budget down to thresholds.quality.min_fidelity, which is "
+     "None: set a floor below 1"),
     ({"decode": {"split": "train"}}, "decode.split: 'train' is not one of"),
     ({"decode": {"generation": {"num_beams": 4}}}, "decode.generation: Additional properties are not allowed ('num_beams'"),
     ({"models": {"device": "gpu0"}}, "models.device: 'gpu0' does not match"),

@@ -40,6 +40,13 @@ def test_thresholds_stage_and_infeasible_constraint(study, tmp_path):
     for slim in ("mask_random", "independent", "rules"):
         assert results[slim]["signature"]["config"]["routers"] == ["rules"] and results[slim]["router"] == "rules"
     assert results["rules"]["mask"] == results["main"]["mask"] and "same_mask_as" not in results["rules"]
+    # the DIMR slim's search has the oracle's ceiling at fidelity 1 and the budgeted oracle's at the fidelity
+    # floor (smoke: 0.5), at the plain oracle's cheapest gamma; the others have neither
+    oracle, at_floor = results["main"]["oracle"], results["main"]["oracle_at_floor"]
+    assert oracle["fidelity"] == 1.0 and "oracle_budget" not in oracle
+    assert at_floor["oracle_budget"] == pytest.approx(0.5) and at_floor["gamma"] == oracle["gamma"]
+    assert at_floor["fidelity"] >= 0.5 and at_floor["cost_per_token"] <= oracle["cost_per_token"] * 1.5
+    assert all(results[s]["oracle_at_floor"] is None for s in ("rules", "mask_random", "independent"))
     for slim, result in results.items():
         paths = threshold_paths(params, "stdlib_continuation", slim=slim)
         assert paths["json"].exists() and paths["plot"].exists() and paths["trace"].exists()
@@ -130,6 +137,11 @@ def test_generate_decodes_a_study_cell_as_the_study_does(study, capsys):
     oracle = run_decode_stage(params, "smoke", "stdlib_continuation", ["viasd-oracle"], limit=2, progress=False)[0]
     assert oracle["peek_from_reference"] > 0 and oracle["peek_passes"] <= 2 * oracle["policy"]["gamma"]
     assert oracle["fidelity"] == 1.0
+    # the budgeted oracle at the fidelity floor (smoke: 0.5): wrong tokens within its budget, peeks apart
+    budgeted = run_decode_stage(params, "smoke", "stdlib_continuation", ["viasd-oracle_budget"], limit=2,
+                                progress=False)[0]
+    assert budgeted["policy"]["oracle_budget"] == pytest.approx(0.5) and budgeted["policy"]["router"] == "oracle"
+    assert budgeted["fidelity"] >= 0.5 and budgeted["peek_passes"] > 0
 
 
 def check_the_choice(result: dict, trace: list[dict]) -> None:

@@ -5,6 +5,7 @@ import json
 import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -193,7 +194,7 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     from viasd.study.paths import threshold_paths
 
     methods = ["hf_ar", "hf_assisted", "hf_assisted_fixed", "ar", "sd", "cascade_sd", "spec_cascade", "viasd",
-               "viasd_oracle"]
+               "viasd_oracle", "viasd_oracle_budget"]
     # the hand rules' own tuned policy, when the session's study folder holds its search
     methods += ["viasd_rules"] if threshold_paths(params, "stdlib_continuation", "smoke", "rules")["json"].exists() else []
     assert set(result["methods"]) == set(methods) and all(m in out for m in methods)
@@ -205,6 +206,13 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     assert "viasd_oracle_vs_sd_model" in result["ratios_model"] and "viasd_oracle_vs_sd" in result["ratios"]
     assert result["ratios"]["viasd_oracle_vs_sd"] == pytest.approx(
         oracle["tokens_per_second_without_peek"] / result["methods"]["sd"]["tokens_per_second"]["median"])
+    # the budgeted oracle at the search's fidelity floor (smoke: 0.5), its peeks taken off each timed round
+    budgeted = result["methods"]["viasd_oracle_budget"]
+    assert budgeted["quality"]["fidelity"] >= 0.5 and len(budgeted["peek_seconds_per_round"]) == 2
+    rounds = [12 * 2 / r for r in budgeted["tokens_per_second"]["rounds"]]  # 2 prompts x 12 tokens
+    without = statistics.median(s - p for s, p in zip(rounds, budgeted["peek_seconds_per_round"]))
+    assert budgeted["tokens_per_second_without_peek"] == pytest.approx(24 / without)
+    assert "viasd_oracle_budget_vs_sd_model" in result["ratios_model"] and "viasd_oracle_budget_vs_sd" in result["ratios"]
     assert result["model_over_measured"]["sd_vs_ar"] > 0 and "loop:sd" in result["pass_cost_model"]
     for row in result["methods"].values():
         tps = row["tokens_per_second"]

@@ -27,10 +27,11 @@ def _ideal(stats: DecodeStats, ar_seconds_per_token: float) -> float | None:
     return stats.new_tokens * ar_seconds_per_token / model_time if model_time else None
 
 
-def summarise(methods, seconds, n_tokens, stats, counts, memory) -> dict:
+def summarise(methods, seconds, n_tokens, stats, counts, memory, peeks=None) -> dict:
     """The benchmark's JSON: per method its rates over the timed rounds (`seconds`), pass counts (ours from
     `stats`, transformers' from hook `counts`), peak `memory` and decode statistics; the measured and modelled
-    ratios, the oracle's headroom shares, and the efficiencies against `ar`."""
+    ratios, the oracles' headroom shares (`peeks`: an oracle's peek seconds in each timed round, taken off its
+    rounds), and the efficiencies against `ar`."""
     per = {}
     for m in methods:
         rates = [n_tokens / s for s in seconds[m.name]]
@@ -76,10 +77,10 @@ def summarise(methods, seconds, n_tokens, stats, counts, memory) -> dict:
     model_time = {n: cost_per_token(widths_per_token(st), unit) for n, st in stats.items()}
     ratios_model = {f"{a}_vs_{b}_model": model_time[b] / model_time[a]
                     for a, b in (("viasd", "sd"), ("viasd", "spec_cascade"), ("sd", "ar"), ("viasd", "ar"),
-                                 ("viasd_oracle", "sd"), ("viasd_rules", "sd"))
+                                 ("viasd_oracle", "sd"), ("viasd_oracle_budget", "sd"), ("viasd_rules", "sd"))
                     if a in model_time and b in model_time and model_time[a]}
     ratios["viasd_rules_vs_sd"] = ratio("viasd_rules", "sd")
-    headroom = _oracle_figures(per, med, stats, seconds, n_tokens, ratios, ratios_model)
+    headroom = _oracle_figures(per, med, seconds, peeks or {}, n_tokens, ratios, ratios_model)
     if ar is not None and ar.passes.get("target") and "ar" in med:
         step = ar.time_s["target"] / ar.passes["target"]
         for name in ("sd", "cascade_sd", "spec_cascade", "viasd"):
@@ -101,25 +102,30 @@ def summarise(methods, seconds, n_tokens, stats, counts, memory) -> dict:
 
 
 
-def _oracle_figures(per: dict, med: dict, stats: dict, seconds: dict, n_tokens: int, ratios: dict,
+def _oracle_figures(per: dict, med: dict, seconds: dict, peeks: dict, n_tokens: int, ratios: dict,
                     ratios_model: dict) -> dict:
-    """An oracle's tokens/s without its peeks (into `per`), its measured ratio to sd (into `ratios`), and the
-    share of its headroom over sd that viasd takes: measured against the measured oracle, measured against
-    the modelled one, and modelled."""
-    for name, st in stats.items():
-        # an oracle reads its block targets from the target's greedy outputs (`run_benchmark`), but the last
-        # blocks of a prompt, whose rows run past the output's end, peek: its tokens/s without them takes the
-        # checked round's peek seconds off (None when those took longer than a timed round: noise)
-        if st.peek_passes or st.peek_from_reference:
-            rest = statistics.median(seconds[name]) - st.peek_time_s
-            per[name]["tokens_per_second_without_peek"] = n_tokens / rest if rest > 0 else None
-    if "viasd_oracle" in per and "sd" in med:
-        oracle_rate = per["viasd_oracle"].get("tokens_per_second_without_peek") or med["viasd_oracle"]
-        ratios["viasd_oracle_vs_sd"] = oracle_rate / med["sd"]
-    oracle_model = ratios_model.get("viasd_oracle_vs_sd_model")
-    return {"viasd_measured": headroom_share(ratios.get("viasd_vs_sd"), ratios.get("viasd_oracle_vs_sd")),
-            "viasd_measured_oracle_modelled": headroom_share(ratios.get("viasd_vs_sd"), oracle_model),
-            "viasd_model": headroom_share(ratios_model.get("viasd_vs_sd_model"), oracle_model)}
+    """The oracles' tokens/s without their peeks (into `per`), their measured ratios to sd (into `ratios`), and
+    the share of each one's headroom over sd that viasd takes: measured against the measured oracle, measured
+    against the modelled one, and modelled (`viasd_*` for the plain oracle, `viasd_*_at_floor` for the budgeted
+    one at the fidelity floor)."""
+    for name, taken_off in peeks.items():
+        # an oracle's peek passes are timed apart in every round (the plain oracle's for its last blocks only: it
+        # reads the target's greedy outputs, `run_benchmark`; the budgeted one's at every block once its output
+        # has left them): its tokens/s is the median over the rounds of its round's seconds less its peeks'
+        rest = statistics.median(s - p for s, p in zip(seconds[name], taken_off))
+        per[name]["tokens_per_second_without_peek"] = n_tokens / rest if rest > 0 else None
+        per[name]["peek_seconds_per_round"] = taken_off
+        if "sd" in med and per[name]["tokens_per_second_without_peek"]:
+            ratios[f"{name}_vs_sd"] = per[name]["tokens_per_second_without_peek"] / med["sd"]
+    shares = {}
+    for name, suffix in (("viasd_oracle", ""), ("viasd_oracle_budget", "_at_floor")):
+        oracle_model = ratios_model.get(f"{name}_vs_sd_model")
+        shares.update({
+            f"viasd_measured{suffix}": headroom_share(ratios.get("viasd_vs_sd"), ratios.get(f"{name}_vs_sd")),
+            f"viasd_measured_oracle_modelled{suffix}": headroom_share(ratios.get("viasd_vs_sd"), oracle_model),
+            f"viasd_model{suffix}": headroom_share(ratios_model.get("viasd_vs_sd_model"), oracle_model)})
+    return shares
+
 
 def _closed_form(s: DecodeStats, step: float) -> float | None:
     """(1 - a^(g+1)) / ((1 - a)(g c + 1)), a = acceptance rate, g = drafts per block, c = draft/target step cost."""
@@ -159,7 +165,11 @@ def markdown(result: dict, title: str) -> str:
     if "viasd_oracle" in result["methods"]:
         lines.append("\nviasd_oracle reads the target's greedy tokens it decides by from the greedy outputs decoded "
                      "before the rounds; the last blocks of a prompt, whose rows run past them, peek: its ratio to sd "
-                     "(`viasd_oracle_vs_sd`) takes those peeks' seconds off, and the cost model never prices them.")
+                     "(`viasd_oracle_vs_sd`) takes each round's peek seconds off, and the cost model never prices them.")
+    if "viasd_oracle_budget" in result["methods"]:
+        lines.append("\nviasd_oracle_budget is the oracle that may settle wrong tokens down to the fidelity floor (the "
+                     "ceiling of a router spending the same fidelity, `_at_floor` above); once its output has left the "
+                     "target's greedy one it peeks at every block, and its ratio takes each round's peek seconds off.")
     lines += ["", "| method | measured speedup vs ar | ideal | efficiency |", "|---|---|---|---|"]
     lines += [f"| {k} | {f(v['measured_speedup'])} | {f(v['ideal_speedup'])} | {f(v['efficiency'])} |"
               for k, v in result["efficiency"].items()]

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 # VIA-SD variants beside the tuned `viasd`: the oracle router (the ceiling of any router: the target's greedy
 # token decides, its peek passes not counted) and the hand-set rules tuned on their own (the rules ablation)
-VIASD_VARIANTS = ("viasd_oracle", "viasd_rules")
+VIASD_VARIANTS = ("viasd_oracle", "viasd_oracle_budget", "viasd_rules")
 HF = ("hf_ar", "hf_assisted", "hf_assisted_fixed")
 
 
@@ -158,9 +158,10 @@ def hf_generate(models: ModelSet, max_new_tokens: int, assistant: bool, assistan
 
 def method_table(models: ModelSet, names: list[str], gamma: int, max_new_tokens: int, viasd: dict | None = None,
                  spec_cascade: dict | None = None, engine: dict | None = None,
-                 variants: dict[str, dict] | None = None) -> list[BenchMethod]:
+                 variants: dict[str, dict] | None = None, oracle_budget: float | None = None) -> list[BenchMethod]:
     """The benchmark's methods: ours with `gamma` (viasd with its tuned thresholds when given; `variants`:
-    the settings of `VIASD_VARIANTS`, e.g. the rules' own tuned thresholds), and HF's."""
+    the settings of `VIASD_VARIANTS`, e.g. the rules' own tuned thresholds; `oracle_budget`: the budgeted
+    oracle's, `1 - ` the fidelity floor), and HF's."""
     base = DecodePolicy(method="ar", gamma=gamma, max_new_tokens=max_new_tokens, eos_token_ids=(), exact_timing=True,
                         **(engine or {}))
     out = []
@@ -172,7 +173,11 @@ def method_table(models: ModelSet, names: list[str], gamma: int, max_new_tokens:
         elif name == "viasd":
             out.append(BenchMethod(name, replace(base, method="viasd", **(viasd or {}))))
         elif name in VIASD_VARIANTS:
-            default = oracle_settings((viasd or {}).get("gamma")) if name == "viasd_oracle" else viasd
+            if name == "viasd_oracle_budget" and oracle_budget is None:
+                raise BenchError("viasd_oracle_budget spends the fidelity down to a floor: set "
+                                 "thresholds.quality.min_fidelity below 1")
+            default = oracle_settings((viasd or {}).get("gamma"), oracle_budget if name == "viasd_oracle_budget" else 0.0) \
+                if name.startswith("viasd_oracle") else viasd
             settings = (variants or {}).get(name, default)
             out.append(BenchMethod(name, replace(base, method="viasd", **(settings or {}))))
         elif name == "spec_cascade":
@@ -269,16 +274,18 @@ def run_benchmark(models: ModelSet, prompts: list[list[int]], methods: list[Benc
     quality = quality_of(models, prompts, tokens, references, metric, next((m.policy for m in methods if m.policy), None))
     # timed rounds, alternating order
     seconds: dict[str, list[float]] = {m.name: [] for m in methods}
+    peeks: dict[str, list[float]] = {m.name: [] for m in oracles}  # each timed round's peek seconds, timed apart
     n_tokens = max_new_tokens * len(prompts)
     for r in tqdm(range(repeats), desc="bench: timed rounds", disable=not progress, leave=False):
         for method in (methods if r % 2 == 0 else list(reversed(methods))):
             _sync(device)
             start = time.perf_counter()
-            for prompt in prompts:
-                timed[method.name](prompt)
+            outs = [timed[method.name](prompt) for prompt in prompts]
             _sync(device)
             seconds[method.name].append(time.perf_counter() - start)
-    result = summarise(methods, seconds, n_tokens, stats, counts, memory)
+            if method in oracles:
+                peeks[method.name].append(sum(out.stats.peek_time_s for out in outs))
+    result = summarise(methods, seconds, n_tokens, stats, counts, memory, peeks)
     for name, row in result["methods"].items():
         row["quality"] = quality[name]
     result["numerical_ties"] = ties

@@ -121,6 +121,10 @@ def _check_semantics(raw: dict, source: str) -> None:
                 if pair in hub and not hub[pair].get("independent"):
                     raise ConfigError(f"{source}: study.runs.{i}: {run!r} needs an independent model, and "
                                       f"models.hub_pairs.{pair}.independent is not set")
+        floor = ((raw.get("thresholds") or {}).get("quality") or {}).get("min_fidelity")
+        if spec.ablation == "oracle_budget" and (floor is None or floor >= 1):
+            raise ConfigError(f"{source}: study.runs.{i}: {run!r} spends the fidelity budget down to "
+                              f"thresholds.quality.min_fidelity, which is {floor}: set a floor below 1")
 
 
 @dataclass(frozen=True)

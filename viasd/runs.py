@@ -12,6 +12,9 @@ Ablations:
                                                     thresholds), tuned without the learned router
   oracle                                            VIA-SD decided by the oracle router (the target's greedy
                                                     token, peeked apart): the ceiling of any router
+  oracle_budget                                     the budgeted oracle at the fidelity floor (it may settle
+                                                    1 - thresholds.quality.min_fidelity of its tokens wrong):
+                                                    the ceiling of a router that spends the same fidelity
   gamma_<n>                                         draft block length n instead of the tuned/default one
 """
 
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 from .decoding.policy import METHODS
 
 ROUTED = ("cascade_sd", "viasd")  # methods with a slim verifier
-VIASD_ONLY = ("no_tier2", "rules", "oracle")  # ablations of VIA-SD's tier decisions
+VIASD_ONLY = ("no_tier2", "rules", "oracle", "oracle_budget")  # ablations of VIA-SD's tier decisions
 # ablations that put another slim verifier in the DIMR mask's place (see study/slims.py)
 SLIM_ABLATIONS = ("mask_random", "mask_truncate", "mask_every_other", "cost_path", "cost_target", "independent")
 _GAMMA = re.compile(r"gamma_([1-9][0-9]*)$")

@@ -78,7 +78,13 @@ def _bench(args) -> int:
             print(json.dumps(point))
         print(out["files"]["json"])
         return 0
-    result = run_bench_stage(params, pair.name, args.task, chosen or list(HF + METHODS + VIASD_VARIANTS), args.prompts,
+    if chosen is None:  # every method; the budgeted oracle only where the search has a fidelity floor below 1
+        from ..decoding.router import floor_budget
+        from ..study.cells import fidelity_floor
+
+        chosen = [m for m in HF + METHODS + VIASD_VARIANTS
+                  if m != "viasd_oracle_budget" or floor_budget(fidelity_floor(params)) is not None]
+    result = run_bench_stage(params, pair.name, args.task, chosen, args.prompts,
                              args.max_new_tokens, args.repeats, args.gamma, args.device, args.dtype, engine=engine)
     for name, row in result["methods"].items():
         tps = row["tokens_per_second"]

@@ -166,11 +166,21 @@ class RouterRows:
         }
 
 
-def oracle_settings(gamma: int | None = None) -> dict:
+def oracle_settings(gamma: int | None = None, budget: float = 0.0) -> dict:
     """The policy fields of the oracle beside a tuned policy (`gamma`: the tuned one): every tier decided by
-    the oracle, none switched off (the taus are unused), no gate, catch-up or lagged check."""
+    the oracle, none switched off (the taus are unused), no gate, catch-up or lagged check. `budget`: the
+    budgeted oracle's share of wrong tokens it may settle (`oracle_budget`; 1 - a fidelity floor puts it at
+    that floor, the ceiling a router spending the same fidelity can reach); 0: fidelity 1."""
     return {"router": "oracle", "tau_accept": 1.0, "tau_slim": 0.5, "gate": 0.0, "max_lag": 0, "verify_lagged": False,
-            **({"gamma": gamma} if gamma else {})}
+            "oracle_budget": budget, **({"gamma": gamma} if gamma else {})}
+
+
+def floor_budget(min_fidelity: float | None) -> float | None:
+    """The budgeted oracle's budget at a fidelity floor, `1 - min_fidelity` (None without a floor, or at a floor
+    of 1, where the budgeted oracle is the oracle)."""
+    if min_fidelity is None or min_fidelity >= 1:
+        return None
+    return 1.0 - min_fidelity
 
 
 def headroom_share(viasd_vs_sd: float | None, oracle_vs_sd: float | None) -> float | None:

@@ -321,6 +321,20 @@ def oracle_points(dev: DevSet, cfg: ThresholdConfig) -> list[dict]:
     return points
 
 
+def budgeted_oracle_point(dev: DevSet, cfg: ThresholdConfig, gamma: int) -> dict | None:
+    """The budgeted oracle at the fidelity floor (`oracle_budget` = 1 - `quality.min_fidelity`) at `gamma` on
+    the dev split: the ceiling of a router that spends the same fidelity the tuned policy may spend (the plain
+    oracle keeps fidelity 1). It peeks at every block once it has settled a wrong token (its output has left
+    the target's greedy one), so it runs at one gamma only, the cheapest plain oracle's. None without a floor."""
+    from ..decoding.router import floor_budget, oracle_settings
+
+    budget = floor_budget(cfg.quality.min_fidelity)
+    if budget is None:
+        return None
+    policy = replace(dev.base, **oracle_settings(gamma, budget))
+    return _point(policy, dev.evaluate(policy), cfg, number=None, tiers_off=False, oracle=True, oracle_budget=budget)
+
+
 def _recosted(point: dict, dev: DevSet) -> dict:
     """A measured point's cost under `dev`'s per-pass costs (its passes are the same)."""
     cost = cost_per_token(point["pass_widths_per_token"], dev.pass_cost)

@@ -16,8 +16,9 @@ from ..benchmark import (
     run_benchmark,
 )
 from ..config import Params
+from ..decoding.router import floor_budget
 from ..io import write_json, write_text
-from ..study.cells import engine_options, tuned_settings
+from ..study.cells import engine_options, fidelity_floor, tuned_settings
 from ..study.paths import bench_paths, mask_paths, router_paths, threshold_paths
 from ..study.record import StageRecord
 
@@ -98,7 +99,8 @@ def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: l
     methods = [m for m in methods if m != "viasd_rules" or rules.exists()]  # the rules' own search, when it ran
     variants = {"viasd_rules": tuned_settings(params, pair.name, task, "rules", required=False)} if rules.exists() else {}
     tuned = tuned_settings(params, pair.name, task, required=False)
-    table = method_table(models, methods, gamma, max_new, tuned, cascade, engine, variants)
+    table = method_table(models, methods, gamma, max_new, tuned, cascade, engine, variants,
+                         floor_budget(fidelity_floor(params)))
     references, metric = task_references(params, task, prompts, max_new)
     result = run_benchmark(models, bench_prompts(params, models, task, prompts), table, max_new, repeats, progress,
                            references, metric)

@@ -296,7 +296,31 @@ def oracle_headroom(evals: list[dict], costs: dict | None) -> str:
             f"{f(headroom_share(viasd_model, oracle_model), 2)} (modelled) of the oracle's headroom "
             f"({f(headroom_share(viasd_measured, oracle_model), 2)}: measured `viasd`, modelled oracle). Per position, "
             f"`viasd` escalated {f(by_run['viasd'].get('position_escalation_rate'))} of the positions its tiers "
-            f"examined, where the slim was wrong on {f(by_run['viasd-oracle'].get('slim_error_rate'))} (oracle run).\n")
+            f"examined, where the slim was wrong on {f(by_run['viasd-oracle'].get('slim_error_rate'))} (oracle run).\n"
+            + _at_floor(by_run, costs or {}, viasd_measured, viasd_model))
+
+
+def _at_floor(by_run: dict, costs: dict, viasd_measured: float, viasd_model: float) -> str:
+    """The budgeted oracle's sentence (`viasd-oracle_budget`: the ceiling of a router that spends the fidelity
+    the search's floor allows, as the tuned `viasd` may); empty without that run."""
+    from ..decoding.router import headroom_share
+
+    run = by_run.get("viasd-oracle_budget")
+    model = modelled_seconds_per_token(run, costs) if run else None
+    if not run or not model:
+        return ""
+    measured = run["speedup_vs_ar"] / by_run["sd"]["speedup_vs_ar"]
+    modelled = modelled_seconds_per_token(by_run["sd"], costs) / model
+
+    def f(x, d=2):
+        return "–" if x is None else f"{x:.{d}f}"
+
+    return (f"\nAt the fidelity floor, the budgeted oracle (it may settle {run['policy'].get('oracle_budget', 0):.2f} of "
+            f"its tokens wrong; peek passes timed apart, at every block once its output has left the target's greedy "
+            f"one) {measured:.3f}× measured, {modelled:.3f}× by the cost model, fidelity "
+            f"{f(run['quality'].get('fidelity'), 3)}, task drop {f(run['quality'].get('task_drop'))}: `viasd` takes "
+            f"{f(headroom_share(viasd_measured, measured))} (measured) / {f(headroom_share(viasd_model, modelled))} "
+            f"(modelled) of its headroom.\n")
 
 
 def shared_decodes(evals: list[dict]) -> str:

@@ -34,6 +34,7 @@ from ..search.thresholds import (
     POLICY_KEYS,
     DevSet,
     ThresholdConfig,
+    budgeted_oracle_point,
     oracle_points,
     searched_space,
     tune_thresholds,
@@ -154,7 +155,8 @@ def threshold_record(params: Params, pair: Pair, slim: str, out: dict, trials: l
         {k: out[k] for k in (*POLICY_KEYS, "tiers_off", "quality_constraints")}
         | {"search": out["signature"]["config"], "slim_layers": out["mask"]},
         {**{k: v for k, v in out["dev"].items() if not isinstance(v, list)}, "cost_vs_sd": out["cost_vs_sd"],
-         "trials": out["trials"], "up_to_date": out.get("up_to_date", False)},
+         "trials": out["trials"], "up_to_date": out.get("up_to_date", False),
+         **{k: out[k] for k in ("headroom_taken", "headroom_taken_at_floor") if out.get(k) is not None}},
         {"task": out["task"], "slim": slim}, [paths["json"], paths["plot"]],
         {"trial_cost_per_token": [t["cost_per_token"] for t in trials],
          "trial_fidelity": [t["fidelity"] for t in trials],
@@ -270,23 +272,35 @@ DEV_KEYS = ("cost_per_token", "wall_per_token", "fidelity", "fidelity_se", "fide
             "pass_widths_per_token", "speedup_model_vs_ar")
 
 
-def result_json(out: dict, cfg: ThresholdConfig, oracle: dict | None, signature: dict) -> dict:
+def _oracle_json(oracle: dict | None, out: dict) -> dict | None:
+    if oracle is None:
+        return None
+    return {"gamma": oracle["gamma"], "cost_per_token": oracle["cost_per_token"],
+            "sd_over_oracle_cost": _sd_cost(out) / oracle["cost_per_token"], "fidelity": oracle["fidelity"],
+            "position_escalation_rate": oracle["position_escalation_rate"], "slim_error_rate": oracle["slim_error_rate"],
+            **({"oracle_budget": oracle["oracle_budget"]} if "oracle_budget" in oracle else {})}
+
+
+def result_json(out: dict, cfg: ThresholdConfig, oracle: dict | None, signature: dict,
+                at_floor: dict | None = None) -> dict:
     """The thresholds file of a search's outcome `out` (`tune_thresholds`): the chosen policy, its dev
-    figures, SD's at its gamma, the oracle's ceiling and the share of its headroom taken (both modelled)."""
+    figures, SD's at its gamma, the oracle's ceiling and the share of its headroom taken (both modelled), and
+    the budgeted oracle's at the fidelity floor (`at_floor`: `budgeted_oracle_point`)."""
     best, sd = out["best"], out["sd"]
+
+    def taken(ceiling: dict | None) -> float | None:
+        return None if ceiling is None else headroom_share(_sd_cost(out) / best["cost_per_token"],
+                                                           _sd_cost(out) / ceiling["cost_per_token"])
+
     return {
         **{k: _json_value(best[k]) for k in POLICY_KEYS}, "tiers_off": best["tiers_off"], "mask": signature["mask"],
         "dev": {k: best.get(k) for k in DEV_KEYS},
         "sd_same_gamma": {k: sd[k] for k in ("cost_per_token", "wall_per_token", "rejection_rate", "acceptance_rate")},
         "cost_vs_sd": best["cost_per_token"] / sd["cost_per_token"],
-        "oracle": None if oracle is None else {
-            "gamma": oracle["gamma"], "cost_per_token": oracle["cost_per_token"],
-            "sd_over_oracle_cost": _sd_cost(out) / oracle["cost_per_token"],
-            "position_escalation_rate": oracle["position_escalation_rate"],
-            "slim_error_rate": oracle["slim_error_rate"]},
-        # the share of the oracle's headroom over the cheapest SD point that the tuned policy takes (modelled)
-        "headroom_taken": None if oracle is None else headroom_share(_sd_cost(out) / best["cost_per_token"],
-                                                                     _sd_cost(out) / oracle["cost_per_token"]),
+        "oracle": _oracle_json(oracle, out), "oracle_at_floor": _oracle_json(at_floor, out),
+        # the share of the oracle's headroom over the cheapest SD point that the tuned policy takes (modelled),
+        # and of the budgeted oracle's at the fidelity floor
+        "headroom_taken": taken(oracle), "headroom_taken_at_floor": taken(at_floor),
         "quality_constraints": asdict(cfg.quality),
         "trials": sum(1 for t in out["trials"] if not t["tiers_off"] and t.get("search") is None),
         "pass_cost_model": costs_to_json(out["pass_cost"]), "ar_seconds_per_token": out["ar_seconds_per_token"],
@@ -347,7 +361,9 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     # the oracle router on the same dev prompts (greedy searches of the DIMR slim): the ceiling a router has
     oracle = min(oracle_points(dev, cfg), key=lambda t: t["cost_per_token"]) if slim == "main" and \
         dev.base.sampling.greedy else None
-    result = {**result_json(out, cfg, oracle, signature), "task": task, "pair": pair.name, "slim": slim,
+    # and the budgeted oracle at the fidelity floor: the ceiling of a router that spends the same fidelity
+    at_floor = budgeted_oracle_point(dev, cfg, oracle["gamma"]) if oracle is not None else None
+    result = {**result_json(out, cfg, oracle, signature, at_floor), "task": task, "pair": pair.name, "slim": slim,
               "confirm": {"prompts": len(held_out), "checks": out["confirm"]}}
     if best["tiers_off"]:
         log.info("thresholds %s: tiers off (plain SD at gamma %d) is the cheapest policy that meets %s",

@@ -9,9 +9,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import Params
+from ..config import ConfigError, Params
 from ..decoding.policy import TUNED_FIELDS, DecodePolicy
-from ..decoding.router import oracle_settings
+from ..decoding.router import floor_budget, oracle_settings
 from ..runs import RunSpec, parse_run
 from .paths import router_paths, threshold_paths
 from .slims import load_run_models, mask_file, read_json, threshold_slim
@@ -71,6 +71,20 @@ def load_pair_router(params: Params, pair: str):
     return load_router(router_paths(params, pair)["router"])
 
 
+def fidelity_floor(params: Params) -> float | None:
+    """`thresholds.quality.min_fidelity`: the search's fidelity floor (None: none)."""
+    return (params.thresholds.search.get("quality") or {}).get("min_fidelity")
+
+
+def fidelity_budget(params: Params) -> float:
+    """The budgeted oracle's budget, `1 - thresholds.quality.min_fidelity`; one clear error without a floor."""
+    budget = floor_budget(fidelity_floor(params))
+    if budget is None:
+        raise ConfigError(f"the budgeted oracle spends the fidelity down to thresholds.quality.min_fidelity, which is "
+                          f"{fidelity_floor(params)}: set a floor below 1")
+    return budget
+
+
 def run_policy(params: Params, pair: str, task: str, run: str | RunSpec) -> DecodePolicy:
     """The decoding policy of one grid cell: params.yaml's `decode` section, the tuned thresholds for
     `viasd`, and the run's ablation on top."""
@@ -85,6 +99,8 @@ def run_policy(params: Params, pair: str, task: str, run: str | RunSpec) -> Deco
         fields["tau_slim"] = math.inf
     if spec.ablation == "oracle":  # the tuned gamma and engine; the oracle decides every tier (none is off)
         fields.update(oracle_settings(fields["gamma"]))
+    if spec.ablation == "oracle_budget":  # the same, spending the fidelity the search's floor allows
+        fields.update(oracle_settings(fields["gamma"], fidelity_budget(params)))
     if spec.gamma is not None:
         fields["gamma"] = spec.gamma
     return DecodePolicy(**fields)
