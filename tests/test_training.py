@@ -285,6 +285,10 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     assert names[:3] == ["ar", "sd", "viasd tuned"] and sum(n.startswith("viasd ta=") for n in names) == 50
     assert sum(n.endswith(" unchecked") for n in names) == 25
     assert sum(n.startswith("spec_cascade ") for n in names) == 5
+    # the oracle (fidelity 1) and the budgeted oracle at the smoke floor (0.5), each timed without its peeks
+    oracles = {p["name"]: p for p in front["points"] if p.get("router") == "oracle"}
+    assert set(oracles) == {"viasd oracle", "viasd oracle at floor"} and oracles["viasd oracle"]["fidelity"] == 1.0
+    assert oracles["viasd oracle at floor"]["fidelity"] >= 0.5
     assert all(p["fidelity"] == 1.0 for p in front["points"] if p["method"] in ("ar", "sd"))
     assert bench_paths(params, "smoke", "stdlib_continuation", "frontier")["png"].exists()
     capsys.readouterr()

@@ -40,7 +40,8 @@ from .models import ModelSet
 log = logging.getLogger(__name__)
 
 # VIA-SD variants beside the tuned `viasd`: the oracle router (the ceiling of any router: the target's greedy
-# token decides, its peek passes not counted) and the hand-set rules tuned on their own (the rules ablation)
+# token decides, its peek passes not counted), the budgeted oracle at the fidelity floor (the ceiling of a router
+# that spends the same fidelity) and the hand-set rules tuned on their own (the rules ablation)
 VIASD_VARIANTS = ("viasd_oracle", "viasd_oracle_budget", "viasd_rules")
 HF = ("hf_ar", "hf_assisted", "hf_assisted_fixed")
 

@@ -220,12 +220,14 @@ def _sweep_plot(out: dict, path) -> None:
     plt.close(fig)
 
 
-def frontier_table(models, viasd: dict, gamma: int, max_new: int, cascade: dict, engine: dict) -> list:
+def frontier_table(models, viasd: dict, gamma: int, max_new: int, cascade: dict, engine: dict,
+                   oracle_budget: float | None = None) -> list:
     """`ar`, `sd`, the tuned `viasd` policy, a grid of `viasd` tier thresholds (the tuned rules, or the
     defaults when the tuned policy is tiers off; the draft gate off, so that every point shows what the
     tiers themselves trade), each with the lagged tokens checked by the full model (`verify_lagged`) and
     not (`unchecked`), with the learned router (when the pair has one) a grid of its two probability
-    thresholds, the oracle router, and of `spec_cascade` lenience, each a named benchmark method."""
+    thresholds, the oracle router (and with `oracle_budget` the budgeted oracle at the fidelity floor), and
+    of `spec_cascade` lenience, each a named benchmark method."""
     from dataclasses import replace
 
     from ..benchmark import BenchMethod
@@ -250,6 +252,8 @@ def frontier_table(models, viasd: dict, gamma: int, max_new: int, cascade: dict,
                               replace(policy, router="learned", tau_accept=ta, tau_slim=ts, verify_lagged=False))
                   for ta in FRONTIER_TAU_ROUTER["accept"] for ts in FRONTIER_TAU_ROUTER["slim"]]
     table.append(BenchMethod("viasd oracle", replace(policy, **oracle_settings(policy.gamma))))
+    if oracle_budget is not None:
+        table.append(BenchMethod("viasd oracle at floor", replace(policy, **oracle_settings(policy.gamma, oracle_budget))))
     table += [BenchMethod(f"spec_cascade a={a:g}", replace(by_name["spec_cascade"].policy, alpha=a))
               for a in FRONTIER_ALPHA]
     return table
@@ -263,7 +267,8 @@ def run_frontier(params: Params, pair: str, models, task: str, prompts: int, max
     gamma = gamma or params.decode.gamma
     max_new = max_new_tokens or params.max_new_tokens(task)
     cascade = params.decode.spec_cascade()
-    table = frontier_table(models, tuned_settings(params, pair, task, required=False), gamma, max_new, cascade, engine)
+    table = frontier_table(models, tuned_settings(params, pair, task, required=False), gamma, max_new, cascade, engine,
+                           floor_budget(fidelity_floor(params)))
     references, metric = task_references(params, task, prompts, max_new)
     res = run_benchmark(models, bench_prompts(params, models, task, prompts), table, max_new, repeats, progress,
                         references, metric)
@@ -272,7 +277,7 @@ def run_frontier(params: Params, pair: str, models, task: str, prompts: int, max
         row = res["methods"][m.name]
         policy = m.policy
         points.append({"name": m.name, "method": policy.method, "router": policy.router,
-                       "tokens_per_second": row.get("tokens_per_second_without_peek", row["tokens_per_second"]["median"]),
+                       "tokens_per_second": row.get("tokens_per_second_without_peek") or row["tokens_per_second"]["median"],
                        **row["quality"], "acceptance_rate": row["acceptance_rate"],
                        **{k: row.get(k) for k in ("block_escalation_rate", "gated_rate", "position_pass_rates",
                                                   "pass_cost_s", "position_escalation_rate", "slim_error_rate")},
