@@ -213,6 +213,20 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     without = statistics.median(s - p for s, p in zip(rounds, budgeted["peek_seconds_per_round"]))
     assert budgeted["tokens_per_second_without_peek"] == pytest.approx(24 / without)
     assert "viasd_oracle_budget_vs_sd_model" in result["ratios_model"] and "viasd_oracle_budget_vs_sd" in result["ratios"]
+    # beside every measured ratio its range over the rounds, each round's rates paired (an oracle's less its peeks)
+    assert set(result["ratio_rounds"]) == set(result["ratios"])
+    viasd_rounds, sd_rounds = (result["methods"][m]["tokens_per_second"]["rounds"] for m in ("viasd", "sd"))
+    paired = sorted(v / s for v, s in zip(viasd_rounds, sd_rounds))
+    assert result["ratio_rounds"]["viasd_vs_sd"] == pytest.approx({"min": paired[0], "median": statistics.median(paired),
+                                                                   "max": paired[-1]})
+    from viasd.stages.bench_stage import bench_record
+
+    paths = bench_paths(params, "smoke", "stdlib_continuation")
+    metrics = bench_record({**result, "files": paths}).metrics  # the MLflow run has the range beside each ratio
+    assert metrics["ratio.viasd_vs_sd.round_min"] == result["ratio_rounds"]["viasd_vs_sd"]["min"]
+    budget_rounds = [24 / (s - p) for s, p in zip(rounds, budgeted["peek_seconds_per_round"])]
+    assert result["ratio_rounds"]["viasd_oracle_budget_vs_sd"]["max"] == pytest.approx(
+        max(b / s for b, s in zip(budget_rounds, sd_rounds)))
     assert result["model_over_measured"]["sd_vs_ar"] > 0 and "loop:sd" in result["pass_cost_model"]
     for row in result["methods"].values():
         tps = row["tokens_per_second"]

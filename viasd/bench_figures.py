@@ -92,7 +92,9 @@ def summarise(methods, seconds, n_tokens, stats, counts, memory, peeks=None) -> 
                 if name == "sd":
                     entry["ideal_speedup_closed_form"] = _closed_form(stats[name], step)
                 efficiency[name] = entry
-    return {"methods": per, "ratios": {k: v for k, v in ratios.items() if v is not None}, "efficiency": efficiency,
+    ratios = {k: v for k, v in ratios.items() if v is not None}
+    return {"methods": per, "ratios": ratios, "efficiency": efficiency,
+            "ratio_rounds": _ratio_rounds(ratios, _round_rates(seconds, peeks or {}, n_tokens), best_hf_assisted),
             "ratios_model": ratios_model, "pass_cost_model": costs_to_json(unit), "best_hf_assisted": best_hf_assisted,
             "oracle_headroom_taken": {k: v for k, v in headroom.items() if v is not None},
             # how close the cost model comes: modelled ratio / measured ratio (1 = exact)
@@ -127,6 +129,30 @@ def _oracle_figures(per: dict, med: dict, seconds: dict, peeks: dict, n_tokens: 
     return shares
 
 
+def _round_rates(seconds: dict, peeks: dict, n_tokens: int) -> dict[str, list[float]]:
+    """Each method's tokens/s in every timed round (an oracle's with that round's peek seconds taken off)."""
+    rates = {}
+    for name, rounds in seconds.items():
+        rest = [s - p for s, p in zip(rounds, peeks[name])] if name in peeks else rounds
+        if all(r > 0 for r in rest):
+            rates[name] = [n_tokens / r for r in rest]
+    return rates
+
+
+def _ratio_rounds(ratios: dict, rates: dict[str, list[float]], best_hf_assisted: str | None) -> dict:
+    """Per measured ratio `a_vs_b`, its value in each timed round, `rate_a / rate_b` of the same round, as
+    min / median / max: the methods of a round run one after the other, so a drift of the machine's speed
+    between rounds cancels in these, and their range is how far one round's figure can be trusted."""
+    out = {}
+    for key in ratios:
+        a, _, b = key.partition("_vs_")
+        a, b = (best_hf_assisted if n == "hf_assisted" else n for n in (a, b))
+        if a in rates and b in rates:
+            per_round = [x / y for x, y in zip(rates[a], rates[b])]
+            out[key] = {"min": min(per_round), "median": statistics.median(per_round), "max": max(per_round)}
+    return out
+
+
 def _closed_form(s: DecodeStats, step: float) -> float | None:
     """(1 - a^(g+1)) / ((1 - a)(g c + 1)), a = acceptance rate, g = drafts per block, c = draft/target step cost."""
     a = s.acceptance_rate
@@ -157,11 +183,14 @@ def markdown(result: dict, title: str) -> str:
     for tie in result.get("numerical_ties", []):
         lines.append(f"\n{tie['method']} parts from {tie['reference']} on prompt {tie['prompt']} at position "
                      f"{tie['position']}: a numerical tie (logit gap {tie['logit_gap']:.3g}, noise {tie['noise']:.3g})")
-    lines += ["", "| ratio | value |", "|---|---|"] + [f"| {k} | {v:.3f} |" for k, v in result["ratios"].items()]
+    spread = result.get("ratio_rounds", {})
+    lines += ["", "| ratio | value | per round: min – median – max |", "|---|---|---|"]
+    lines += [f"| {k} | {v:.3f} | " + (f"{spread[k]['min']:.3f} – {spread[k]['median']:.3f} – {spread[k]['max']:.3f}"
+                                        if k in spread else "–") + " |" for k, v in result["ratios"].items()]
     lines += [f"| {k} (cost model; model / measured {result.get('model_over_measured', {}).get(k[:-6], float('nan')):.3f}) "
-              f"| {v:.3f} |" for k, v in result.get("ratios_model", {}).items()]
+              f"| {v:.3f} | |" for k, v in result.get("ratios_model", {}).items()]
     lines += [f"| share of the oracle's headroom over sd taken by viasd ({k.replace('_', ' ')}) "
-              f"| {v:.3f} |" for k, v in result.get("oracle_headroom_taken", {}).items()]
+              f"| {v:.3f} | |" for k, v in result.get("oracle_headroom_taken", {}).items()]
     if "viasd_oracle" in result["methods"]:
         lines.append("\nviasd_oracle reads the target's greedy tokens it decides by from the greedy outputs decoded "
                      "before the rounds; the last blocks of a prompt, whose rows run past them, peek: its ratio to sd "

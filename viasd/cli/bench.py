@@ -92,7 +92,7 @@ def _bench(args) -> int:
               f"acceptance {row['acceptance_rate'] if row['acceptance_rate'] is None else round(row['acceptance_rate'], 3)}")
     print(json.dumps({"quality": {k: v["quality"] for k, v in result["methods"].items()},
                       "ratios_model": result["ratios_model"]}))
-    print(json.dumps({"ratios": result["ratios"],
+    print(json.dumps({"ratios": result["ratios"], "ratio_rounds": result["ratio_rounds"],
                       "efficiency": {k: v["efficiency"] for k, v in result["efficiency"].items()}}))
     for tie in result["numerical_ties"]:
         print(f"numerical tie: {tie['method']} parts from {tie['reference']} on prompt {tie['prompt']} at position "

@@ -123,6 +123,7 @@ def bench_record(result: dict) -> StageRecord:
         {k: result[k] for k in ("prompts", "max_new_tokens", "gamma", "repeats", "device", "dtype", "cache", "compile",
                                 "reuse")},
         {f"ratio.{k}": v for k, v in result["ratios"].items()}
+        | {f"ratio.{k}.round_{end}": v[end] for k, v in result.get("ratio_rounds", {}).items() for end in ("min", "max")}
         | {f"tokens_per_second.{k}": v["tokens_per_second"]["median"] for k, v in methods.items()}
         | {f"efficiency.{k}": v["efficiency"] for k, v in result["efficiency"].items()}
         | {f"fidelity.{k}": v["quality"]["fidelity"] for k, v in methods.items()}
