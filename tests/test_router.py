@@ -372,8 +372,8 @@ def test_report_gives_the_oracle_headroom_measured_and_modelled():
     decode job) and modelled (their passes under the cost model), and the share of the oracle's headroom
     `viasd` takes, measured against measured, modelled against modelled, and measured against the modelled
     oracle, by hand."""
+    from viasd.report_headroom import oracle_headroom
     from viasd.search.pass_cost import PassCost
-    from viasd.stages.report_stage import oracle_headroom
 
     def run(name, speedup, target_passes, **extra):
         widths = {"draft:1/1": 400, "target:12/5": target_passes}

@@ -29,6 +29,7 @@ from pathlib import Path
 from ..config import Params
 from ..errors import StudyInputError
 from ..io import write_json, write_text
+from ..report_headroom import oracle_headroom
 from ..report_plots import frontier, tier_breakdown
 from ..runs import parse_run
 from ..study.paths import eval_path, mask_paths, report_paths, router_paths, threshold_paths
@@ -248,79 +249,6 @@ def pass_cost_table(params: Params, pair: str, task: str) -> str:
     return markdown(rows, [("layout", "runner layout"), ("per_pass", "ms per pass"), ("per_token", "ms per token fed"),
                            *((f"w{g + 1}", f"{g + 1} tokens (γ {g}), ms") for g in gammas),
                            ("vs_full", f"vs a full pass at γ {tuned['gamma']}")])
-
-
-def modelled_seconds_per_token(e: dict, costs: dict) -> float | None:
-    """A decoded run's seconds per generated token under the cost model `costs` (its decoding passes, the
-    loop's work included, the prefill and an oracle's peeks left out); None if a layout is not priced."""
-    from ..decoding.engine import LOOP
-    from ..decoding.policy import METHODS
-    from ..search.pass_cost import cost_per_token, split_key, widths_per_token
-
-    # the search decodes every policy, SD included (tiers off), through viasd's loop: its `loop:viasd` cost
-    # prices the loop of the `sd` run too
-    viasd_loop = costs.get(f"{LOOP}:viasd")
-    priced = {**costs, **({f"{LOOP}:{m}": viasd_loop for m in METHODS} if viasd_loop else {})}
-    widths = widths_per_token(e)
-    if not e.get("new_tokens") or any(split_key(k)[0] not in priced for k in widths):
-        return None
-    return cost_per_token(widths, priced)
-
-
-def oracle_headroom(evals: list[dict], costs: dict | None) -> str:
-    """`sd`, the tuned `viasd` and the `viasd-oracle` run side by side, and the share of the oracle's headroom
-    over SD that VIA-SD takes, `(viasd/sd - 1) / (oracle/sd - 1)`. Both measured (per generated token, side
-    by side in the decode job; the oracle read the target's greedy tokens from `ar`'s output of the same
-    prompt, and the few peek passes of its last blocks are timed apart) and modelled; the headline share
-    compares measured with measured."""
-    from ..decoding.router import headroom_share
-
-    by_run = {e["run"]: e for e in evals}
-    if not all(r in by_run for r in ("sd", "viasd", "viasd-oracle")):
-        return "The study has no `sd`, `viasd` and `viasd-oracle` runs to compare.\n"
-    model = {r: modelled_seconds_per_token(by_run[r], costs or {}) for r in ("sd", "viasd", "viasd-oracle")}
-    if not all(model.values()):
-        return "The cost model does not price every pass of `sd`, `viasd` and `viasd-oracle`.\n"
-    viasd_measured = by_run["viasd"]["speedup_vs_ar"] / by_run["sd"]["speedup_vs_ar"]
-    oracle_measured = by_run["viasd-oracle"]["speedup_vs_ar"] / by_run["sd"]["speedup_vs_ar"]
-    viasd_model, oracle_model = model["sd"] / model["viasd"], model["sd"] / model["viasd-oracle"]
-
-    def f(x, d=3):
-        return "–" if x is None else f"{x:.{d}f}"
-
-    router = by_run["viasd"].get("policy", {}).get("router", "rules")
-    return (f"Against `sd` (γ {by_run['sd']['policy']['gamma']}): the tuned `viasd` ({router}, γ "
-            f"{by_run['viasd']['policy']['gamma']}) {viasd_measured:.3f}× measured, {viasd_model:.3f}× by the cost "
-            f"model; the oracle router {oracle_measured:.3f}× measured, {oracle_model:.3f}× by the cost model. "
-            f"`viasd` takes {f(headroom_share(viasd_measured, oracle_measured), 2)} (measured) / "
-            f"{f(headroom_share(viasd_model, oracle_model), 2)} (modelled) of the oracle's headroom "
-            f"({f(headroom_share(viasd_measured, oracle_model), 2)}: measured `viasd`, modelled oracle). Per position, "
-            f"`viasd` escalated {f(by_run['viasd'].get('position_escalation_rate'))} of the positions its tiers "
-            f"examined, where the slim was wrong on {f(by_run['viasd-oracle'].get('slim_error_rate'))} (oracle run).\n"
-            + _at_floor(by_run, costs or {}, viasd_measured, viasd_model))
-
-
-def _at_floor(by_run: dict, costs: dict, viasd_measured: float, viasd_model: float) -> str:
-    """The budgeted oracle's sentence (`viasd-oracle_budget`: the ceiling of a router that spends the fidelity
-    the search's floor allows, as the tuned `viasd` may); empty without that run."""
-    from ..decoding.router import headroom_share
-
-    run = by_run.get("viasd-oracle_budget")
-    model = modelled_seconds_per_token(run, costs) if run else None
-    if not run or not model:
-        return ""
-    measured = run["speedup_vs_ar"] / by_run["sd"]["speedup_vs_ar"]
-    modelled = modelled_seconds_per_token(by_run["sd"], costs) / model
-
-    def f(x, d=2):
-        return "–" if x is None else f"{x:.{d}f}"
-
-    return (f"\nAt the fidelity floor, the budgeted oracle (it may settle {run['policy'].get('oracle_budget', 0):.2f} of "
-            f"its tokens wrong; peek passes timed apart, at every block once its output has left the target's greedy "
-            f"one) {measured:.3f}× measured, {modelled:.3f}× by the cost model, fidelity "
-            f"{f(run['quality'].get('fidelity'), 3)}, task drop {f(run['quality'].get('task_drop'))}: `viasd` takes "
-            f"{f(headroom_share(viasd_measured, measured))} (measured) / {f(headroom_share(viasd_model, modelled))} "
-            f"(modelled) of its headroom.\n")
 
 
 def shared_decodes(evals: list[dict]) -> str:

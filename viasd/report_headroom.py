@@ -1,0 +1,81 @@
+"""The study report's oracle comparison: per task, `sd`, the tuned `viasd` and the oracles side by side, and the
+share of each oracle's headroom over SD that VIA-SD takes, `(viasd/sd - 1) / (oracle/sd - 1)`.
+
+Pure functions of the evaluated runs (`evaluate_stage`'s records: `speedup_vs_ar`, the decode's pass widths,
+policy, quality) and the threshold search's cost model (`search.pass_cost`); `stages/report_stage.py` reads
+the files and writes the text.
+"""
+
+from __future__ import annotations
+
+from .decoding.engine import LOOP
+from .decoding.policy import METHODS
+from .decoding.router import headroom_share
+from .search.pass_cost import cost_per_token, split_key, widths_per_token
+
+
+def modelled_seconds_per_token(e: dict, costs: dict) -> float | None:
+    """A decoded run's seconds per generated token under the cost model `costs` (its decoding passes, the
+    loop's work included, the prefill and an oracle's peeks left out); None if a layout is not priced."""
+    # the search decodes every policy, SD included (tiers off), through viasd's loop: its `loop:viasd` cost
+    # prices the loop of the `sd` run too
+    viasd_loop = costs.get(f"{LOOP}:viasd")
+    priced = {**costs, **({f"{LOOP}:{m}": viasd_loop for m in METHODS} if viasd_loop else {})}
+    widths = widths_per_token(e)
+    if not e.get("new_tokens") or any(split_key(k)[0] not in priced for k in widths):
+        return None
+    return cost_per_token(widths, priced)
+
+
+def vs_sd(by_run: dict, run: str, costs: dict) -> tuple[float, float | None]:
+    """Run `run` against `sd`: measured (its speedup over `ar` over sd's, both timed side by side in the decode
+    job) and modelled (sd's modelled seconds per token over the run's; None if either has an unpriced pass)."""
+    measured = by_run[run]["speedup_vs_ar"] / by_run["sd"]["speedup_vs_ar"]
+    sd, own = (modelled_seconds_per_token(by_run[r], costs) for r in ("sd", run))
+    return measured, (sd / own if sd and own else None)
+
+
+def _f(x: float | None, digits: int = 3) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def oracle_headroom(evals: list[dict], costs: dict | None) -> str:
+    """`sd`, the tuned `viasd` and the `viasd-oracle` run side by side, and the share of the oracle's headroom
+    over SD that VIA-SD takes. Both measured (per generated token, side by side in the decode job; the oracle
+    read the target's greedy tokens from `ar`'s output of the same prompt, and the few peek passes of its last
+    blocks are timed apart) and modelled; the headline share compares measured with measured. With a
+    `viasd-oracle_budget` run, the same against the budgeted oracle at the fidelity floor (`_at_floor`)."""
+    by_run = {e["run"]: e for e in evals}
+    if not all(r in by_run for r in ("sd", "viasd", "viasd-oracle")):
+        return "The study has no `sd`, `viasd` and `viasd-oracle` runs to compare.\n"
+    costs = costs or {}
+    (viasd, viasd_model), (oracle, oracle_model) = vs_sd(by_run, "viasd", costs), vs_sd(by_run, "viasd-oracle", costs)
+    if viasd_model is None or oracle_model is None:
+        return "The cost model does not price every pass of `sd`, `viasd` and `viasd-oracle`.\n"
+    router = by_run["viasd"].get("policy", {}).get("router", "rules")
+    return (f"Against `sd` (γ {by_run['sd']['policy']['gamma']}): the tuned `viasd` ({router}, γ "
+            f"{by_run['viasd']['policy']['gamma']}) {viasd:.3f}× measured, {viasd_model:.3f}× by the cost "
+            f"model; the oracle router {oracle:.3f}× measured, {oracle_model:.3f}× by the cost model. "
+            f"`viasd` takes {_f(headroom_share(viasd, oracle), 2)} (measured) / "
+            f"{_f(headroom_share(viasd_model, oracle_model), 2)} (modelled) of the oracle's headroom "
+            f"({_f(headroom_share(viasd, oracle_model), 2)}: measured `viasd`, modelled oracle). Per position, "
+            f"`viasd` escalated {_f(by_run['viasd'].get('position_escalation_rate'))} of the positions its tiers "
+            f"examined, where the slim was wrong on {_f(by_run['viasd-oracle'].get('slim_error_rate'))} (oracle run).\n"
+            + _at_floor(by_run, costs, viasd, viasd_model))
+
+
+def _at_floor(by_run: dict, costs: dict, viasd: float, viasd_model: float) -> str:
+    """The budgeted oracle's sentence (`viasd-oracle_budget`: the ceiling of a router that spends the fidelity
+    the search's floor allows, as the tuned `viasd` may); empty without that run or its modelled cost."""
+    if "viasd-oracle_budget" not in by_run:
+        return ""
+    run = by_run["viasd-oracle_budget"]
+    measured, modelled = vs_sd(by_run, "viasd-oracle_budget", costs)
+    if modelled is None:
+        return ""
+    return (f"\nAt the fidelity floor, the budgeted oracle (it may settle {run['policy'].get('oracle_budget', 0):.2f} of "
+            f"its tokens wrong; peek passes timed apart, at every block once its output has left the target's greedy "
+            f"one) {measured:.3f}× measured, {modelled:.3f}× by the cost model, fidelity "
+            f"{_f(run['quality'].get('fidelity'))}, task drop {_f(run['quality'].get('task_drop'), 2)}: `viasd` takes "
+            f"{_f(headroom_share(viasd, measured), 2)} (measured) / {_f(headroom_share(viasd_model, modelled), 2)} "
+            f"(modelled) of its headroom.\n")
