@@ -12,6 +12,7 @@ from search_helpers import complete_trials, kill_after_trials
 from study_fixtures import smoke_params
 
 from viasd import config, load_models
+from viasd.decoding.router import headroom_share
 from viasd.search.choice import InfeasibleError
 from viasd.search.pass_cost import cost_per_token, costs_from_json
 from viasd.search.thresholds import POLICY_KEYS
@@ -45,7 +46,13 @@ def test_thresholds_stage_and_infeasible_constraint(study, tmp_path):
     oracle, at_floor = results["main"]["oracle"], results["main"]["oracle_at_floor"]
     assert oracle["fidelity"] == 1.0 and "oracle_budget" not in oracle
     assert at_floor["oracle_budget"] == pytest.approx(0.5) and at_floor["gamma"] == oracle["gamma"]
-    assert at_floor["fidelity"] >= 0.5 and at_floor["cost_per_token"] <= oracle["cost_per_token"] * 1.5
+    assert at_floor["fidelity"] >= 0.5
+    # the shares of each ceiling's headroom over the cheapest SD point that the choice takes, from the costs
+    sd_cost = oracle["sd_over_oracle_cost"] * oracle["cost_per_token"]
+    assert at_floor["sd_over_oracle_cost"] * at_floor["cost_per_token"] == pytest.approx(sd_cost)
+    for key, ceiling in (("headroom_taken", oracle), ("headroom_taken_at_floor", at_floor)):
+        share = headroom_share(sd_cost / results["main"]["dev"]["cost_per_token"], ceiling["sd_over_oracle_cost"])
+        assert results["main"][key] == (None if share is None else pytest.approx(share))
     assert all(results[s]["oracle_at_floor"] is None for s in ("rules", "mask_random", "independent"))
     for slim, result in results.items():
         paths = threshold_paths(params, "stdlib_continuation", slim=slim)

@@ -110,11 +110,12 @@ def _oracle_figures(per: dict, med: dict, seconds: dict, peeks: dict, n_tokens: 
     the share of each one's headroom over sd that viasd takes: measured against the measured oracle, measured
     against the modelled one, and modelled (`viasd_*` for the plain oracle, `viasd_*_at_floor` for the budgeted
     one at the fidelity floor)."""
+    own = _own_seconds(seconds, peeks)
     for name, taken_off in peeks.items():
         # an oracle's peek passes are timed apart in every round (the plain oracle's for its last blocks only: it
         # reads the target's greedy outputs, `run_benchmark`; the budgeted one's at every block once its output
         # has left them): its tokens/s is the median over the rounds of its round's seconds less its peeks'
-        rest = statistics.median(s - p for s, p in zip(seconds[name], taken_off))
+        rest = statistics.median(own[name])
         per[name]["tokens_per_second_without_peek"] = n_tokens / rest if rest > 0 else None
         per[name]["peek_seconds_per_round"] = taken_off
         if "sd" in med and per[name]["tokens_per_second_without_peek"]:
@@ -129,14 +130,16 @@ def _oracle_figures(per: dict, med: dict, seconds: dict, peeks: dict, n_tokens: 
     return shares
 
 
+def _own_seconds(seconds: dict, peeks: dict) -> dict[str, list[float]]:
+    """Each method's seconds in every timed round, an oracle's with that round's peek seconds taken off."""
+    return {name: [s - p for s, p in zip(rounds, peeks[name])] if name in peeks else rounds
+            for name, rounds in seconds.items()}
+
+
 def _round_rates(seconds: dict, peeks: dict, n_tokens: int) -> dict[str, list[float]]:
-    """Each method's tokens/s in every timed round (an oracle's with that round's peek seconds taken off)."""
-    rates = {}
-    for name, rounds in seconds.items():
-        rest = [s - p for s, p in zip(rounds, peeks[name])] if name in peeks else rounds
-        if all(r > 0 for r in rest):
-            rates[name] = [n_tokens / r for r in rest]
-    return rates
+    """Each method's tokens/s in every timed round (`_own_seconds`; none for a method with a round at or below 0)."""
+    return {name: [n_tokens / r for r in rest] for name, rest in _own_seconds(seconds, peeks).items()
+            if all(r > 0 for r in rest)}
 
 
 def _ratio_rounds(ratios: dict, rates: dict[str, list[float]], best_hf_assisted: str | None) -> dict:

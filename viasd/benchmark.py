@@ -177,8 +177,9 @@ def method_table(models: ModelSet, names: list[str], gamma: int, max_new_tokens:
             if name == "viasd_oracle_budget" and oracle_budget is None:
                 raise BenchError("viasd_oracle_budget spends the fidelity down to a floor: set "
                                  "thresholds.quality.min_fidelity below 1")
-            default = oracle_settings((viasd or {}).get("gamma"), oracle_budget if name == "viasd_oracle_budget" else 0.0) \
-                if name.startswith("viasd_oracle") else viasd
+            tuned_gamma = (viasd or {}).get("gamma")
+            default = {"viasd_oracle": oracle_settings(tuned_gamma),
+                       "viasd_oracle_budget": oracle_settings(tuned_gamma, oracle_budget or 0.0)}.get(name, viasd)
             settings = (variants or {}).get(name, default)
             out.append(BenchMethod(name, replace(base, method="viasd", **(settings or {}))))
         elif name == "spec_cascade":

@@ -109,6 +109,7 @@ def _check_semantics(raw: dict, source: str) -> None:
         if have is not None and have < needed:
             raise ConfigError(f"{source}: tasks.{task}.dev_prompts: {have} dev prompts, but the threshold search "
                               f"decodes thresholds.dev_prompts + confirm_prompts = {needed}")
+    from .decoding.router import floor_budget
     from .runs import parse_run
 
     for i, run in enumerate(study["runs"]):
@@ -122,7 +123,7 @@ def _check_semantics(raw: dict, source: str) -> None:
                     raise ConfigError(f"{source}: study.runs.{i}: {run!r} needs an independent model, and "
                                       f"models.hub_pairs.{pair}.independent is not set")
         floor = ((raw.get("thresholds") or {}).get("quality") or {}).get("min_fidelity")
-        if spec.ablation == "oracle_budget" and (floor is None or floor >= 1):
+        if spec.ablation == "oracle_budget" and floor_budget(floor) is None:
             raise ConfigError(f"{source}: study.runs.{i}: {run!r} spends the fidelity budget down to "
                               f"thresholds.quality.min_fidelity, which is {floor}: set a floor below 1")
 

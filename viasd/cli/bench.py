@@ -42,15 +42,12 @@ def add_bench(sub) -> None:
 
 
 def _bench(args) -> int:
-    from ..stages.bench_stage import bench_record, run_bench_stage, run_sweep
+    from ..stages.bench_stage import bench_record, default_methods, run_bench_stage, run_sweep
 
     params = load_params(args)
     for name, value in (("--prompts", args.prompts), ("--repeats", args.repeats)):
         if value < 1:
             raise ViasdError(f"{name} must be at least 1, got {value}")
-    from ..benchmark import HF, VIASD_VARIANTS
-    from ..decoding.policy import METHODS
-
     chosen = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
     pair = params.pair(args.pair)
     engine = {"cache": args.cache, "compile": args.compile, "reuse": args.reuse,  # None: decode.*
@@ -78,13 +75,7 @@ def _bench(args) -> int:
             print(json.dumps(point))
         print(out["files"]["json"])
         return 0
-    if chosen is None:  # every method; the budgeted oracle only where the search has a fidelity floor below 1
-        from ..decoding.router import floor_budget
-        from ..study.cells import fidelity_floor
-
-        chosen = [m for m in HF + METHODS + VIASD_VARIANTS
-                  if m != "viasd_oracle_budget" or floor_budget(fidelity_floor(params)) is not None]
-    result = run_bench_stage(params, pair.name, args.task, chosen, args.prompts,
+    result = run_bench_stage(params, pair.name, args.task, chosen or default_methods(params), args.prompts,
                              args.max_new_tokens, args.repeats, args.gamma, args.device, args.dtype, engine=engine)
     for name, row in result["methods"].items():
         tps = row["tokens_per_second"]

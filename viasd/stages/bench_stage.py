@@ -10,12 +10,15 @@ import logging
 
 from ..bench_figures import markdown
 from ..benchmark import (
+    HF,
+    VIASD_VARIANTS,
     BenchError,
     method_table,
     per_token_seconds,
     run_benchmark,
 )
 from ..config import Params
+from ..decoding.policy import METHODS
 from ..decoding.router import floor_budget
 from ..io import write_json, write_text
 from ..study.cells import engine_options, fidelity_floor, tuned_settings
@@ -85,6 +88,12 @@ def task_references(params: Params, task: str, n: int, max_new: int) -> tuple[li
     if metric is None or metric == "pass_at_1":  # pass@1 needs the task's tests and stop rules: see the study
         return None, None
     return [e.reference for e in load_examples(params.data.dir, task, "test")[:n]], metric
+
+
+def default_methods(params: Params) -> list[str]:
+    """Every benchmark method; the budgeted oracle only where the search has a fidelity floor below 1."""
+    budget = floor_budget(fidelity_floor(params))
+    return [m for m in HF + METHODS + VIASD_VARIANTS if m != "viasd_oracle_budget" or budget is not None]
 
 
 def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: list[str], prompts: int,
