@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DummyLayer, DynamicLayer
 
 from ..errors import PolicyError
 from .policy import CACHE_KINDS, DEFAULT_CACHE
@@ -157,10 +157,34 @@ def cache_parts(cache) -> list:
     return [cache.self_attention_cache, cache.cross_attention_cache] if hasattr(cache, "self_attention_cache") else [cache]
 
 
-def keep_slots(cache, keep) -> None:
-    """Put a `DummyLayer` (stores nothing) in every slot of `cache` whose layer index is not in `keep`."""
-    from transformers.cache_utils import DummyLayer
+class DroppedLayer(DummyLayer):
+    """A dropped layer's slot: stores nothing, and reports the sequence length of `source`, a kept slot.
 
-    keep = set(keep)
+    Transformers reads a cache's length from slot 0 (`Cache.get_seq_length()` places the positions and the
+    masks). Before 5.25 it skipped a `DummyLayer` in slot 0 for the first real one; since 5.25 it asks slot 0
+    itself, so a slot 0 that a routing mask drops must answer for the kept slots.
+    """
+
+    def __init__(self, source):
+        super().__init__()
+        self.source = source
+
+    def get_seq_length(self) -> int:
+        return self.source.get_seq_length()
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.source.get_mask_sizes(query_length)
+
+
+def keep_slots(cache, keep) -> None:
+    """Put a `DroppedLayer` (stores nothing) in every slot of `cache` whose layer index is not in `keep`.
+
+    `keep` must name at least one slot of each part: the dropped slots report the first kept one's length.
+    """
+    keep = sorted(set(keep))
     for part in cache_parts(cache):
-        part.layers = [layer if i in keep else DummyLayer() for i, layer in enumerate(part.layers)]
+        kept = [i for i in keep if i < len(part.layers)]
+        if not kept:
+            raise ValueError(f"a routed cache keeps none of its {len(part.layers)} slots")
+        source = part.layers[kept[0]]
+        part.layers = [layer if i in keep else DroppedLayer(source) for i, layer in enumerate(part.layers)]

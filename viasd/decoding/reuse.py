@@ -48,7 +48,7 @@ def prefix_length(keep_layers) -> int:
 
 
 def _cache_for(target: nn.Module, layers, kind: str, capacity: int | None):
-    """The target's cache layout with a `DummyLayer` in every slot but `layers`."""
+    """The target's cache layout with a `DroppedLayer` in every slot but `layers`."""
     cache = model_cache(target, kind, capacity)
     keep_slots(cache, layers)
     return cache

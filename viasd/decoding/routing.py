@@ -17,7 +17,7 @@ How the view is built (explicitly, never by mutating the target):
   every per-layer list (e.g. Gemma2's `layer_types`) restricted to the kept layers, so that forward
   loops indexing `config.layer_types[i]` by position pick the kept layer's attention type;
 - each kept block keeps its original `layer_idx`, so its KV cache lives in the same slot as in the
-  target: the view's cache (`new_cache`) has the target's `L` slots, with a `DummyLayer` (stores
+  target: the view's cache (`new_cache`) has the target's `L` slots, with a `DroppedLayer` (stores
   nothing) in every dropped slot.
 """
 
@@ -314,10 +314,10 @@ class SlimVerifier:
         return self.model(input_ids=input_ids, cache=self.new_cache() if cache is None else cache, **kwargs)
 
     def new_cache(self, kind: str = "dynamic", capacity: int | None = None):
-        """The target's cache layout (`kv_cache.model_cache`) with a `DummyLayer` in each dropped layer's slot.
+        """The target's cache layout (`kv_cache.model_cache`) with a `DroppedLayer` in each dropped layer's slot.
 
         Kept blocks write to their own `layer_idx` slot; sequence length and mask sizes are read from the
-        first real slot (transformers skips dummy slots for both).
+        first kept slot (each `DroppedLayer` answers for it).
         """
         cache = model_cache(self.target, kind, capacity)
         keep_slots(cache, self.mask.keep_layers)
