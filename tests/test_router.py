@@ -398,3 +398,11 @@ def test_report_gives_the_oracle_headroom_measured_and_modelled():
     assert "settle 0.05 of its tokens wrong" in line
     assert "1.600× measured, 1.778× by the cost model, fidelity 0.970, task drop 0.40" in line
     assert "`viasd` takes 0.33 (measured) / 0.43 (modelled) of its headroom" in line  # 0.2 / 0.6, 0.333 / 0.778
+    assert "own pass costs" not in line  # passes without timings: no job costs to fit
+    # the job's own pass costs: the draft's passes took 3 ms and the target's 20 (3x and 2x the search's costs),
+    # so sd (1.2 + 0.8) / 100 against viasd (1.2 + 0.4) / 100 and the oracle (1.2 + 0.2) / 100
+    for e in evals:
+        e["pass_width_s"] = {"draft:1/1": 0.003 * 400, "target:12/5": 0.02 * e["pass_widths"]["target:12/5"]}
+    line = oracle_headroom(evals, costs)
+    assert "1.333× by the cost model" in line  # the search's costs, as before
+    assert "own pass costs (fitted on its runs' timed passes) `viasd` 1.250× and the oracle 1.429×" in line

@@ -11,16 +11,16 @@ from __future__ import annotations
 from .decoding.engine import LOOP
 from .decoding.policy import METHODS
 from .decoding.router import headroom_share
-from .search.pass_cost import cost_per_token, split_key, widths_per_token
+from .search.pass_cost import cost_per_token, fit_pass_costs, split_key, widths_per_token
 
 
 def modelled_seconds_per_token(e: dict, costs: dict) -> float | None:
     """A decoded run's seconds per generated token under the cost model `costs` (its decoding passes, the
     loop's work included, the prefill and an oracle's peeks left out); None if a layout is not priced."""
     # the search decodes every policy, SD included (tiers off), through viasd's loop: its `loop:viasd` cost
-    # prices the loop of the `sd` run too
+    # prices the loop of the `sd` run too, where `costs` has no loop cost of that method's own
     viasd_loop = costs.get(f"{LOOP}:viasd")
-    priced = {**costs, **({f"{LOOP}:{m}": viasd_loop for m in METHODS} if viasd_loop else {})}
+    priced = {**({f"{LOOP}:{m}": viasd_loop for m in METHODS} if viasd_loop else {}), **costs}
     widths = widths_per_token(e)
     if not e.get("new_tokens") or any(split_key(k)[0] not in priced for k in widths):
         return None
@@ -33,6 +33,28 @@ def vs_sd(by_run: dict, run: str, costs: dict) -> tuple[float, float | None]:
     measured = by_run[run]["speedup_vs_ar"] / by_run["sd"]["speedup_vs_ar"]
     sd, own = (modelled_seconds_per_token(by_run[r], costs) for r in ("sd", run))
     return measured, (sd / own if sd and own else None)
+
+
+JOB_RUNS = ("sd", "viasd", "viasd-oracle", "viasd-oracle_budget")
+
+
+def job_costs(by_run: dict) -> dict:
+    """Per-pass costs fitted on the decode job's own passes (its `sd`, `viasd` and oracle runs pooled, as the
+    bench fits its own): the speeds of the machine and day the job ran on, where the search's costs are
+    the speeds of the day it ran."""
+    return fit_pass_costs(by_run[r] for r in JOB_RUNS if r in by_run)
+
+
+def _on_job_costs(by_run: dict) -> str:
+    """`viasd` and the oracle against `sd` on the job's own pass costs (empty where its passes carry no
+    timings): the cost model against the measured ratio on one machine and day; what stays between them is
+    the prefill (no method's cost) and the work outside the timed passes."""
+    costs = job_costs(by_run)
+    (_, viasd), (_, oracle) = vs_sd(by_run, "viasd", costs), vs_sd(by_run, "viasd-oracle", costs)
+    if viasd is None or oracle is None:
+        return ""
+    return (f" On this job's own pass costs (fitted on its runs' timed passes) `viasd` {viasd:.3f}× and the oracle "
+            f"{oracle:.3f}×: the cost model on the decode job's machine and day, without the prefill.")
 
 
 def _f(x: float | None, digits: int = 3) -> str:
@@ -60,8 +82,8 @@ def oracle_headroom(evals: list[dict], costs: dict | None) -> str:
             f"{_f(headroom_share(viasd_model, oracle_model), 2)} (modelled) of the oracle's headroom "
             f"({_f(headroom_share(viasd, oracle_model), 2)}: measured `viasd`, modelled oracle). Per position, "
             f"`viasd` escalated {_f(by_run['viasd'].get('position_escalation_rate'))} of the positions its tiers "
-            f"examined, where the slim was wrong on {_f(by_run['viasd-oracle'].get('slim_error_rate'))} (oracle run).\n"
-            + _at_floor(by_run, costs, viasd, viasd_model))
+            f"examined, where the slim was wrong on {_f(by_run['viasd-oracle'].get('slim_error_rate'))} (oracle run)."
+            + _on_job_costs(by_run) + "\n" + _at_floor(by_run, costs, viasd, viasd_model))
 
 
 def _at_floor(by_run: dict, costs: dict, viasd: float, viasd_model: float) -> str:

@@ -48,8 +48,11 @@ def split_key(key: str) -> tuple[str, str]:
     return layout, width
 
 
-def decoding_passes(stats: DecodeStats) -> dict[str, dict[int, tuple[int, float]]]:
-    """Layout -> width -> (passes, seconds), the prefill left out."""
+def decoding_passes(stats: DecodeStats | dict) -> dict[str, dict[int, tuple[int, float]]]:
+    """Layout -> width -> (passes, seconds), the prefill left out. `stats`: the statistics, or their
+    `as_dict()` (a decode summary read back)."""
+    if isinstance(stats, dict):
+        return _decoding_passes(stats["pass_widths"], stats["pass_width_s"])
     return _decoding_passes(stats.pass_widths, stats.pass_width_s)
 
 
@@ -62,8 +65,9 @@ def _decoding_passes(pass_widths: dict[str, int], pass_width_s: dict[str, float]
     return out
 
 
-def fit_pass_costs(runs: Iterable[DecodeStats]) -> dict[str, PassCost]:
-    """Per layout, `per_pass` and `per_token` fitted on the decoding passes of `runs` pooled.
+def fit_pass_costs(runs: Iterable[DecodeStats | dict]) -> dict[str, PassCost]:
+    """Per layout, `per_pass` and `per_token` fitted on the decoding passes of `runs` pooled (statistics, or
+    decode summaries read back).
 
     Least squares on the mean seconds per pass at each width, weighted by its pass count. With a single
     width (e.g. `ar`'s one-token passes), or a fit whose slope or intercept comes out negative (timing
@@ -104,10 +108,8 @@ def missing_layouts(stats: DecodeStats, costs: dict[str, PassCost]) -> set[str]:
 def widths_per_token(stats: DecodeStats | dict) -> dict[str, float]:
     """Decoding passes per generated token, by `"layout/width"`: a decode's cost under any costs. `stats`:
     the statistics, or their `as_dict()` (a decode summary read back)."""
-    if isinstance(stats, dict):
-        tokens, passes = max(stats["new_tokens"], 1), _decoding_passes(stats["pass_widths"], stats["pass_width_s"])
-    else:
-        tokens, passes = max(stats.new_tokens, 1), decoding_passes(stats)
+    tokens = max(stats["new_tokens"] if isinstance(stats, dict) else stats.new_tokens, 1)
+    passes = decoding_passes(stats)
     return {f"{layout}/{w}": n / tokens for layout, widths in passes.items() for w, (n, _) in widths.items()}
 
 
