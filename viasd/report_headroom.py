@@ -2,8 +2,8 @@
 share of each oracle's headroom over SD that VIA-SD takes, `(viasd/sd - 1) / (oracle/sd - 1)`.
 
 Pure functions of the evaluated runs (`evaluate_stage`'s records: `speedup_vs_ar`, the decode's pass widths,
-policy, quality) and the threshold search's cost model (`search.pass_cost`); `stages/report_stage.py` reads
-the files and writes the text.
+policy, quality) and the threshold search's cost model (`search.pass_cost`), beside the same model on the
+decode job's own timed passes (`job_costs`); `stages/report_stage.py` reads the files and writes the text.
 """
 
 from __future__ import annotations
