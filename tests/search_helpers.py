@@ -1,5 +1,6 @@
-"""Real kill-and-resume of a search: run `viasd` in a subprocess, SIGKILL it once its Optuna storage holds
-some finished trials, and read the storage's trials."""
+"""Helpers of the search tests: a real kill-and-resume (run `viasd` in a subprocess, SIGKILL it once its Optuna
+storage holds some finished trials, and read the storage's trials), and the threshold search's choice re-derived
+from its trace (`check_the_choice`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ import signal
 import subprocess
 import sys
 import time
+from statistics import NormalDist
 
 import optuna
+import pytest
+
+from viasd.search.thresholds import POLICY_KEYS
 
 
 def complete_trials(storage, prefix):
@@ -50,3 +55,32 @@ def kill_after_trials(args, storage_path, trials: int) -> None:
     assert proc.poll() is None, "the search finished before it could be killed"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+def check_the_choice(result: dict, trace: list[dict]) -> None:
+    """The result is what the selection rule picks from its trace: the cheapest feasible tiered trial that
+    passed the held-out confirmation, every cheaper feasible one checked and rejected first; or the
+    cheapest feasible SD point when no tiered trial saved `min_gain` or passed. A tiered trial is a candidate
+    only if its dev fidelity's lower confidence bound (recorded in the trace) meets the floor."""
+    floor = result["signature"]["config"]["quality"]["min_fidelity"]
+    z = NormalDist().inv_cdf(result["signature"]["config"]["fidelity_confidence"])
+    for t in trace:
+        if t["fidelity"] is not None:
+            assert t["fidelity_lower_bound"] == pytest.approx(t["fidelity"] - z * (t["fidelity_se"] or 0.0))
+    feasible = [t for t in trace if t["feasible"] and (t["tiers_off"] or t["fidelity_lower_bound"] >= floor)]
+    sd_best = min((t for t in feasible if t["tiers_off"]), key=lambda t: t["cost_per_token"])
+    checks = result["confirm"]["checks"]
+    if result["tiers_off"]:
+        assert result["gamma"] == sd_best["gamma"]
+        assert result["dev"]["cost_per_token"] == pytest.approx(sd_best["cost_per_token"])
+        assert all(not c["feasible"] for c in checks)
+        return
+    kept = checks[-1]
+    assert kept["feasible"] and not any(c["feasible"] for c in checks[:-1])
+    chosen = next(t for t in feasible if (t["number"], t.get("search")) == (kept["number"], kept["search"]))
+    assert {k: result[k] for k in POLICY_KEYS} == {k: chosen[k] for k in POLICY_KEYS}
+    assert result["dev"]["cost_per_token"] == pytest.approx(chosen["cost_per_token"])
+    cheaper = [t for t in feasible if not t["tiers_off"] and t["cost_per_token"] < chosen["cost_per_token"]]
+    assert sorted((t["number"], t.get("search")) for t in cheaper) == \
+        sorted((c["number"], c["search"]) for c in checks[:-1])
+    assert chosen["cost_per_token"] <= (1 - result["signature"]["config"]["min_gain"]) * sd_best["cost_per_token"]

@@ -181,10 +181,10 @@ def keep_slots(cache, keep) -> None:
 
     `keep` must name at least one slot of each part: the dropped slots report the first kept one's length.
     """
-    keep = sorted(set(keep))
+    keep = set(keep)
     for part in cache_parts(cache):
-        kept = [i for i in keep if i < len(part.layers)]
-        if not kept:
+        first = min((i for i in keep if i < len(part.layers)), default=None)
+        if first is None:
             raise ValueError(f"a routed cache keeps none of its {len(part.layers)} slots")
-        source = part.layers[kept[0]]
+        source = part.layers[first]
         part.layers = [layer if i in keep else DroppedLayer(source) for i, layer in enumerate(part.layers)]
