@@ -171,3 +171,40 @@ def test_a_search_depends_only_on_the_space_of_its_routers(routers):
         params = set().union(*(names[f] for f in fields))
         assert (params <= drawn) == (router in routers) and (not params & drawn) == (router not in routers)
         assert all((f in searched_space(cfg)) == (router in routers) for f in fields)
+
+
+def test_the_refinement_bisects_between_the_frontiers_two_ends():
+    """`frontier_pair`: the cheapest trial the choice could take (feasible, its fidelity's bound over the floor)
+    and the closest cheaper trial it could not, of the same kind of thresholds, preferring the former's other
+    settings; `thresholds_between`: their midpoint on each threshold's search scale. No pair without a takeable
+    trial or without a cheaper one that failed."""
+    from viasd.metrics.quality import QualityConstraints
+    from viasd.search.thresholds import ThresholdConfig, frontier_pair, thresholds_between
+
+    cfg = ThresholdConfig(quality=QualityConstraints(min_fidelity=0.95, max_task_drop=1.0))
+
+    def point(number, cost, fidelity, se=0.0, drop=0.0, router="learned", gamma=3, tau=(0.9, 0.8), **extra):
+        measured = {"fidelity": fidelity, "fidelity_se": se, "task_drop": drop}
+        violations = cfg.quality.violations(measured)
+        return {"number": number, "tiers_off": False, "cost_per_token": cost, "router": router, "score": "ratio",
+                "confidence": "max_prob", "gamma": gamma, "gate": 0.0, "max_lag": 0, "verify_lagged": False,
+                "verify_block": True, "tau_accept": tau[0], "tau_slim": tau[1], **measured, "violations": violations,
+                "feasible": not violations, **extra}
+
+    sd = {**point(None, 1.0, 1.0), "tiers_off": True}
+    f = point(1, 0.9, 0.99, tau=(0.98, 0.82))
+    dearer = point(2, 0.95, 0.999)
+    lucky = point(3, 0.8, 0.96, se=0.01, gamma=2)  # bound 0.944: not takeable, cheaper than f, other gamma
+    far = point(4, 0.7, 0.93, gamma=3, tau=(0.78, 0.68))  # infeasible, f's settings
+    drop = point(5, 0.85, 0.97, drop=1.5, gamma=4)  # task drop over the bar, other gamma, closest below f
+    rules = point(6, 0.89, 0.90, router="rules")  # other kind of thresholds
+    assert frontier_pair([sd, f, dearer, lucky, far, drop, rules], cfg) == (f, far)  # f's own settings first
+    assert frontier_pair([sd, f, dearer, lucky, drop, rules], cfg) == (f, drop)  # else the closest below f
+    assert frontier_pair([sd, f, dearer, rules], cfg) is None  # nothing of its kind below it failed
+    assert frontier_pair([sd, lucky, far], cfg) is None  # nothing the choice could take
+    assert thresholds_between(f, far) == pytest.approx((0.88, 0.75))
+    # a hand rule's ratio score is searched on a log scale: its geometric mean; a probability score linearly
+    a = point(7, 0.9, 0.99, router="rules", tau=(2.0, 0.8))
+    assert thresholds_between(a, {**a, "tau_accept": 0.5, "tau_slim": 0.4}) == pytest.approx((1.0, 0.6))
+    b = {**a, "score": "slim_prob", "tau_accept": 0.9}
+    assert thresholds_between(b, {**b, "tau_accept": 0.5}) == pytest.approx((0.7, 0.8))
