@@ -29,7 +29,7 @@ from ..metrics.model_metrics import agreement, fidelity_standard_error, pooled
 from ..metrics.quality import QualityConstraints, main_metric, task_drop
 from ..models import ModelSet
 from ..tasks.base import Example, TaskSpec
-from .choice import choose, eligible
+from .choice import choose
 from .pass_cost import (
     PassCost,
     cost_per_token,
@@ -83,11 +83,6 @@ class ThresholdConfig:
     # of many trials that met the floor on the same prompts met it partly by chance (`fidelity_lower_bound`); the
     # held-out check asks the same of the held-out fidelity; 0.5 = the point estimate
     fidelity_confidence: float = 0.95
-    # after the sampled trials, this many bisection trials between the cheapest trial the choice could take and
-    # the closest cheaper one it could not (`refine_frontier`): the sampler spreads its trials over the space,
-    # and between two of them the frontier can sit anywhere (on the default family's code task nothing was
-    # drawn between 0.70 and 0.95 of SD's cost)
-    refine: int = 0
     seed: int = 0
 
 
@@ -96,10 +91,9 @@ ROUTER_FIELDS = {"rules": ("tau_accept", "tau_accept_prob", "tau_slim", "scores"
                  "learned": ("tau_router",)}
 
 
-# the fields the sampled trials do not depend on: those that only select among a search's trials
-# (`choice.choose`) and the refinement's budget, which adds trials after them; a change re-selects from (and
-# refines) the same, resumed Optuna study
-CHOICE_FIELDS = ("min_gain", "confirm_candidates", "fidelity_confidence", "refine")
+# the fields that only select among a search's trials (`choice.choose`): a change re-selects from the same,
+# resumed Optuna study
+CHOICE_FIELDS = ("min_gain", "confirm_candidates", "fidelity_confidence")
 
 
 def searched_space(cfg: ThresholdConfig) -> dict:
@@ -366,79 +360,6 @@ def search_params(point: dict, cfg: ThresholdConfig) -> dict:
     return out
 
 
-# the policy fields a refinement step keeps from the frontier's feasible end: everything but the two thresholds
-DISCRETE_FIELDS = ("gamma", "gate", "max_lag", "verify_lagged", "verify_block")
-
-
-def _kind(point: dict) -> tuple:
-    """Which thresholds a point has: the learned router's two probabilities, or a rule's score and confidence."""
-    router = point.get("router", "rules")
-    return (router,) if router == "learned" else (router, point["score"], point["confidence"])
-
-
-def frontier_pair(trials: list[dict], cfg: ThresholdConfig) -> tuple[dict, dict] | None:
-    """`(f, i)`: `f` the cheapest tiered trial the choice could take (feasible, its fidelity's bound over the floor:
-    `choice.eligible`), `i` the closest trial below `f`'s cost that it could not, with the same kind of thresholds
-    (`_kind`), preferring `f`'s other settings (`DISCRETE_FIELDS`); None without such a pair."""
-    def takeable(t):
-        return t["feasible"] and eligible(t, cfg)
-
-    tiered = [t for t in trials if not t.get("tiers_off") and t.get("cost_per_token") is not None]
-    ok = [t for t in tiered if takeable(t)]
-    if not ok:
-        return None
-    f = min(ok, key=lambda t: (t["cost_per_token"], t["number"] or 0))
-    below = [t for t in tiered if not takeable(t) and _kind(t) == _kind(f) and t["cost_per_token"] < f["cost_per_token"]]
-    if not below:
-        return None
-    same = [t for t in below if all(t[k] == f[k] for k in DISCRETE_FIELDS)]
-    return f, max(same or below, key=lambda t: (t["cost_per_token"], -(t["number"] or 0)))
-
-
-def thresholds_between(f: dict, i: dict) -> tuple[float, float]:
-    """The midpoint of two points' `(tau_accept, tau_slim)`, each on the scale it is searched on (a ratio score's
-    `tau_accept` on a log scale, probabilities linearly)."""
-    ratio = f.get("router", "rules") != "learned" and f["score"] not in PROBABILITY_SCORES
-    tau_accept = math.sqrt(f["tau_accept"] * i["tau_accept"]) if ratio else (f["tau_accept"] + i["tau_accept"]) / 2
-    return tau_accept, (f["tau_slim"] + i["tau_slim"]) / 2
-
-
-def refine_frontier(study, storage, dev: DevSet, cfg: ThresholdConfig, evaluate, worker: Worker = SERIAL,
-                    on_trial=None) -> list:
-    """Bisect the thresholds between the frontier's two ends (`frontier_pair`), `cfg.refine` trials in all.
-
-    Each step decodes the dev prompts once at the midpoint of `f`'s and `i`'s thresholds (`thresholds_between`),
-    with `f`'s other settings: if the choice could take it, it is the new `f`, otherwise the new `i`. With the
-    learned router's calibrated probabilities, fidelity and cost both fall as the thresholds do, so the steps close
-    in on the cheapest policy that meets the constraints between two trials; the choice then ranks the steps with
-    every other trial, and the held-out check confirms its pick as any other. The steps are trials of the study
-    (user attribute `refine`: the step), so a resumed search counts those done and takes the next from them all.
-    Returns the study's COMPLETE trials."""
-    import optuna
-
-    complete = optuna.trial.TrialState.COMPLETE
-    done = study.get_trials(deepcopy=False, states=(complete,))
-    steps = sum("refine" in t.user_attrs for t in done)
-    while steps < cfg.refine:
-        pair = frontier_pair([_recosted({"number": t.number, "tiers_off": False, **t.user_attrs}, dev) for t in done],
-                             cfg)
-        if pair is None:
-            log.info("threshold refinement: no feasible trial with a cheaper infeasible one to bisect towards")
-            break
-        f, i = pair
-        tau_accept, tau_slim = thresholds_between(f, i)
-        log.info("threshold refinement %d/%d: between trial #%s (cost %.4g, feasible) and #%s (cost %.4g): "
-                 "tau_accept %.4g, tau_slim %.4g", steps + 1, cfg.refine, f["number"], f["cost_per_token"],
-                 i["number"], i["cost_per_token"], tau_accept, tau_slim)
-        study.enqueue_trial(search_params({**f, "tau_accept": tau_accept, "tau_slim": tau_slim}, cfg),
-                            user_attrs={"refine": steps})
-        # the enqueued trial is the next one asked for: its parameters are fixed, so no sampler draws
-        done = run_trials(study, storage, len(done) + 1, lambda _: optuna.samplers.RandomSampler(seed=cfg.seed),
-                          evaluate, worker, on_trial)
-        steps += 1
-    return done
-
-
 def study_pass_cost(study, dev: DevSet, cfg: ThresholdConfig) -> dict[str, PassCost]:
     """The cost model's per-pass costs of the study: measured (or shared) when it starts and read back when
     it resumes, so that every trial's objective uses the same costs. Workers starting a study together
@@ -498,8 +419,6 @@ def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage, study_name: str,
     bar.close()
     if worker.partial:
         return None
-    if cfg.refine:  # after every sampled trial, so in the process that makes the choice
-        done = refine_frontier(study, storage, dev, cfg, evaluate, worker)
     # every trial costed with the study's per-pass costs (workers that measured their own at the same moment
     # costed their trials with those; the choice uses one cost model)
     trials = [_recosted({"number": t.number, "tiers_off": False, **t.user_attrs}, dev) for t in done]

@@ -230,15 +230,15 @@ def warm_start_points(params: Params, pair: str, task: str, k: int = WARM_START,
 def slim_config(params: Params, slim: str) -> ThresholdConfig:
     """The search settings of one slim's search: `thresholds.rules_trials` for the hand rules' search,
     `ablation_trials` for the other slims', whose searches (and `rules`) use the hand rules only (the
-    router is fitted for the DIMR slim) and are not refined (`thresholds.refine` is the main search's)."""
+    router is fitted for the DIMR slim)."""
     section = params.thresholds
     cfg = threshold_config(params)
     if slim not in ("main", "rules") and section.ablation_trials:
         cfg = replace(cfg, n_trials=section.ablation_trials)
     if slim == "rules" and section.rules_trials:
         cfg = replace(cfg, n_trials=section.rules_trials)
-    if slim != "main":  # the refinement bisects the DIMR slim's search (its thresholds decide the study's viasd)
-        cfg = replace(cfg, routers=("rules",), refine=0)
+    if slim != "main":
+        cfg = replace(cfg, routers=("rules",))
     return cfg
 
 
