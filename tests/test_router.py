@@ -401,6 +401,7 @@ def test_position_features_by_hand():
     assert col["p_entropy"].tolist() == pytest.approx([h, 0.0])
     assert col["agree"].tolist() == [1.0, 0.0] and col["position"].tolist() == [0.0, 1.0]
     assert col["bonus"].tolist() == [0.0, 1.0]
+    assert col["log_q_second"].tolist() == pytest.approx([ln(0.25), ln(0.1)])
 
 
 def test_report_gives_the_oracle_headroom_measured_and_modelled():

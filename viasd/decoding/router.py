@@ -42,6 +42,7 @@ FEATURES = (
     "agree",  # 1 if x_i = argmax q'_i
     "position",  # block row i (0-based)
     "bonus",  # 1 on the bonus row g (no draft token)
+    "log_q_second",  # log of q'_i's second-largest probability: with log_q_max, the log-odds of its top two
 )
 
 
@@ -69,6 +70,7 @@ def position_features(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> torc
     out[:g, 8] = (q_arg[:g] == x).float()
     out[:, 9] = torch.arange(g + 1, dtype=torch.float32, device=q.device)
     out[g, 10] = 1.0
+    out[:, 11] = top2.values[:, 1].clamp_min(_EPS).log()
     return out
 
 
