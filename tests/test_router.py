@@ -12,7 +12,7 @@ from conftest import PROMPTS
 from test_stats import check_accounting
 
 from viasd import DecodePolicy, load_models
-from viasd.decoding.router import FEATURES, LearnedRouter, RouterHead, RouterRows
+from viasd.decoding.router import FEATURES, LearnedRouter, LogisticHead, RouterRows
 from viasd.errors import PolicyError, ViasdError
 from viasd.metrics.model_metrics import score_outputs
 from viasd.training.router import auc, fit_router, heldout_rows, load_router, reliability, save_router
@@ -106,7 +106,7 @@ def test_budgeted_oracle_spends_its_fidelity_budget(model_sets, tokenizer):
 def _constant_router(p_draft: float, p_slim: float) -> LearnedRouter:
     def head(p):
         n = len(FEATURES)
-        return RouterHead(torch.zeros(n), torch.ones(n), torch.zeros(n), math.log(p / (1 - p)))
+        return LogisticHead(torch.zeros(n), torch.ones(n), torch.zeros(n), math.log(p / (1 - p)))
 
     return LearnedRouter(head(p_draft), head(p_slim))
 
@@ -248,42 +248,6 @@ def test_fit_chooses_the_probe_and_l2_on_validation_decodes():
     assert probed.probe_layers == 6 and probed.info["slim"]["auc"] > 0.8
     single = fit_router(rows(features[:, 0]), 0, 1e-3, seed=2)
     assert single.info["selection"] == [] and single.info["l2"] == {"draft": 1e-3, "slim": 1e-3}
-
-
-def test_fit_chooses_a_hidden_layer_where_the_features_interact(tmp_path):
-    """An event that depends on two features' interaction (right iff they share a sign, as "a confident slim
-    that agrees with a confident draft"): no logistic regression ranks it, the validation choice takes the
-    hidden layer and ranks the held-out rows as the truth does; where the event is linear in the features the
-    choice keeps the logistic regression (equal losses: the first candidate). Saved and loaded, a hidden
-    layer gives the same probabilities, and a fit from the same seed is the same."""
-    g = torch.Generator().manual_seed(0)
-    n = 4000
-    features = torch.randn((n, len(FEATURES)), generator=g)
-    inter = 3.0 * features[:, 0] * features[:, 1]
-    linear = 1.5 * features[:, 2] - 0.5
-    rows = {"features": features, "hidden": torch.zeros((n, 0)), "group": torch.arange(n) // 40,
-            "draft_right": (torch.rand(n, generator=g) < torch.sigmoid(linear)).float(),
-            "slim_right": (torch.rand(n, generator=g) < torch.sigmoid(inter)).float()}
-    router = fit_router(rows, 0, (1e-4, 1e-3, 1e-2), seed=3, units=(0, 16))
-    assert router.info["units"]["slim"] == 16 and router.slim.units == 16
-    test = heldout_rows(rows["group"], 0.25, 3)
-    truth = auc(rows["slim_right"][test], torch.sigmoid(inter[test]))
-    assert router.info["slim"]["auc"] > truth - 0.03
-    assert router.info["slim"]["weights"] == {} and router.info["slim"]["ece"] < 0.05  # the truth's own: 0.031
-    linear_only = fit_router(rows, 0, 1e-3, seed=3, units=0)
-    assert linear_only.info["slim"]["auc"] < 0.6  # a linear score cannot rank it
-    trace = [r for r in router.info["selection"] if r["head"] == "slim"]
-    assert {(r["units"], r["l2"]) for r in trace} == {(u, l2) for u in (0, 16) for l2 in (1e-4, 1e-3, 1e-2)}
-    path = tmp_path / "router.json"
-    save_router(router, path)
-    loaded = load_router(path)
-    assert loaded.slim.units == 16
-    a, b = router.probabilities(features[:7]), loaded.probabilities(features[:7])
-    assert torch.allclose(a[0], b[0]) and torch.allclose(a[1], b[1], atol=1e-6)
-    again = fit_router(rows, 0, (1e-4, 1e-3, 1e-2), seed=3, units=(0, 16))
-    assert torch.equal(again.slim.hidden_weight, router.slim.hidden_weight)
-    with pytest.raises(ViasdError, match="units"):
-        fit_router(rows, 0, 1e-3, units=-1)
 
 
 def test_catch_up_is_folded_into_the_blocks_full_pass(model_sets, tokenizer):

@@ -286,7 +286,6 @@ class RouterParams:
     prompt_tokens: int = 128
     max_new_tokens: int = 128
     probe: bool | str = "auto"      # True | False | "auto": chosen on validation decodes
-    units: int | tuple[int, ...] = 0  # each head's hidden layer (0: logistic regression); several: chosen per head
     l2: float | tuple[float, ...] = (1e-5, 1e-4, 1e-3, 1e-2)  # several: chosen per head on validation decodes
     holdout: float = 0.25
 

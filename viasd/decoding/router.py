@@ -9,11 +9,10 @@ action there: the draft is right (`x_i = t_i`: accept, tier 1) or the slim verif
 - `position_features` computes, for every row of a block, what the engine already has: the draft's and
   the slim's probabilities and their summaries. Rows `0..g-1` are the block's draft positions, row `g`
   the bonus position (no draft token there: its draft features are 0 and its `bonus` feature is 1).
-- `LearnedRouter` holds two heads over those features (and, optionally, a linear probe of the shared
-  trunk's hidden state at the position: the "saturation" signal of CALM and LayerSkip), each a logistic
-  regression or one with a small hidden layer, and returns `P(draft right)` and `P(slim right)` per row:
-  a standardisation, a matrix product or two and a sigmoid on the block's `g + 1` rows, no per-token
-  Python call.
+- `LearnedRouter` holds two logistic models over those features (and, optionally, a linear probe of the
+  shared trunk's hidden state at the position: the "saturation" signal of CALM and LayerSkip) and
+  returns `P(draft right)` and `P(slim right)` per row: a standardisation, two matrix-vector products
+  and a sigmoid on the block's `g + 1` rows, no per-token Python call.
 - `RouterRows` collects features and oracle labels from decodes (the oracle router knows `t_i`), the
   training data of the router (`viasd.training.router` fits it).
 
@@ -75,51 +74,33 @@ def position_features(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> torc
 
 
 @dataclass
-class RouterHead:
-    """`P(event) = sigmoid(h(zs) @ weight + bias)` over inputs `z` `[n, D]`, `zs = (z - mean) / scale`.
-
-    `h` is the identity (logistic regression: `weight` `[D]`) or, with `hidden_weight` `[D, U]` and
-    `hidden_bias` `[U]`, one hidden layer `relu(zs @ hidden_weight + hidden_bias)` of `U` units (`weight`
-    `[U]`): interactions of the features (a confident slim that disagrees with a confident draft) that a
-    linear score cannot weigh. Either way a few tensor ops on a block's rows.
-    """
+class LogisticHead:
+    """`P(event) = sigmoid(((z - mean) / scale) @ weight + bias)` over inputs `z` `[n, D]`."""
 
     mean: torch.Tensor  # [D]
     scale: torch.Tensor  # [D]
-    weight: torch.Tensor  # [D] or [U]
+    weight: torch.Tensor  # [D]
     bias: float
-    hidden_weight: torch.Tensor | None = None  # [D, U]
-    hidden_bias: torch.Tensor | None = None  # [U]
-
-    @property
-    def units(self) -> int:
-        """Width of the hidden layer (0: logistic regression)."""
-        return 0 if self.hidden_weight is None else int(self.hidden_weight.shape[1])
 
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
-        zs = (z - self.mean) / self.scale
-        if self.hidden_weight is not None:
-            zs = torch.relu(zs @ self.hidden_weight + self.hidden_bias)
-        return torch.sigmoid(zs @ self.weight + self.bias)
+        return torch.sigmoid(((z - self.mean) / self.scale) @ self.weight + self.bias)
 
-    def to(self, device, dtype=torch.float32) -> RouterHead:
-        hidden = (None, None) if self.hidden_weight is None else \
-            (self.hidden_weight.to(device, dtype), self.hidden_bias.to(device, dtype))
-        return RouterHead(*(t.to(device, dtype) for t in (self.mean, self.scale, self.weight)), self.bias, *hidden)
+    def to(self, device, dtype=torch.float32) -> LogisticHead:
+        return LogisticHead(*(t.to(device, dtype) for t in (self.mean, self.scale, self.weight)), self.bias)
 
 
 @dataclass
 class LearnedRouter:
     """Calibrated `P(x_i = t_i)` (draft right) and `P(argmax q'_i = t_i)` (slim right) per block row.
 
-    `draft` and `slim`: heads (`RouterHead`) over `[features, probe]` (`probe`: the shared trunk's hidden
+    `draft` and `slim`: logistic heads over `[features, probe]` (`probe`: the shared trunk's hidden
     state at the row, when `probe_layers > 0`: the router was fitted with the residual stream after the
     target's layers `0..probe_layers-1`, and a decode must give that same stream). `info`: what the
     fit recorded (held-out AUC, ECE, rows), carried along for reports.
     """
 
-    draft: RouterHead
-    slim: RouterHead
+    draft: LogisticHead
+    slim: LogisticHead
     probe_layers: int = 0
     features: tuple[str, ...] = FEATURES
     info: dict = field(default_factory=dict)

@@ -79,7 +79,7 @@ def run_router_stage(params: Params, pair_name: str | None = None, progress: boo
                  "without layer 0)")
     probes = (0, available) if cfg["probe"] == "auto" else (available,)
     start = time.perf_counter()
-    router = fit_router(data, probes, cfg["l2"], cfg["holdout"], params.seed, cfg["units"])
+    router = fit_router(data, probes, cfg["l2"], cfg["holdout"], params.seed)
     fit_seconds = time.perf_counter() - start
     stats = DecodeStats.merge(parts)
     width = len(router.features) + (data["hidden"].shape[1] if router.probe_layers else 0)
@@ -103,9 +103,7 @@ def run_router_stage(params: Params, pair_name: str | None = None, progress: boo
                "collect_seconds": collect_seconds, "fit_seconds": fit_seconds,
                "decision_seconds_per_block": router.info["decision_seconds_per_block"]}
     return {"pair": pair.name, "config": {**cfg, "probe_layers": router.probe_layers, "l2_draft": router.info["l2"]["draft"],
-                                          "l2_slim": router.info["l2"]["slim"],
-                                          "units_draft": router.info["units"]["draft"],
-                                          "units_slim": router.info["units"]["slim"]}, "metrics": metrics,
+                                          "l2_slim": router.info["l2"]["slim"]}, "metrics": metrics,
             "artifacts": [paths["router"], paths["plot"]]}
 
 
