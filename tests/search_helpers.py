@@ -58,29 +58,36 @@ def kill_after_trials(args, storage_path, trials: int) -> None:
 
 
 def check_the_choice(result: dict, trace: list[dict]) -> None:
-    """The result is what the selection rule picks from its trace: the cheapest feasible tiered trial that
-    passed the held-out confirmation, every cheaper feasible one checked and rejected first; or the
-    cheapest feasible SD point when no tiered trial saved `min_gain` or passed. A tiered trial is a candidate
-    only if its dev fidelity's lower confidence bound (recorded in the trace) meets the floor."""
-    floor = result["signature"]["config"]["quality"]["min_fidelity"]
-    z = NormalDist().inv_cdf(result["signature"]["config"]["fidelity_confidence"])
+    """The result is what the selection rule picks from its trace. A tiered trial is a candidate only if its dev
+    fidelity's lower confidence bound (recorded in the trace) meets the floor and it saves `min_gain` of the
+    cheapest feasible SD point's cost; the candidates are checked on the held-out prompts in this order: those
+    costing within `cost_resolution` of the cheapest, highest bound first, then the rest, cheapest first; the
+    result is the first that passed, every one before it checked and rejected; or the SD point when none
+    passed (or none was a candidate)."""
+    config = result["signature"]["config"]
+    floor = config["quality"]["min_fidelity"]
+    z = NormalDist().inv_cdf(config["fidelity_confidence"])
     for t in trace:
         if t["fidelity"] is not None:
             assert t["fidelity_lower_bound"] == pytest.approx(t["fidelity"] - z * (t["fidelity_se"] or 0.0))
     feasible = [t for t in trace if t["feasible"] and (t["tiers_off"] or t["fidelity_lower_bound"] >= floor)]
     sd_best = min((t for t in feasible if t["tiers_off"]), key=lambda t: t["cost_per_token"])
+    limit = (1 - config["min_gain"]) * sd_best["cost_per_token"]
+    tiered = sorted((t for t in feasible if not t["tiers_off"] and t["cost_per_token"] <= limit),
+                    key=lambda t: (t["cost_per_token"], t["number"]))
+    ties = [t for t in tiered if tiered and t["cost_per_token"] <= (1 + config["cost_resolution"]) * tiered[0]["cost_per_token"]]
+    order = sorted(ties, key=lambda t: (-t["fidelity_lower_bound"], t["cost_per_token"], t["number"])) + tiered[len(ties):]
     checks = result["confirm"]["checks"]
+    for t in [*trace, *checks]:  # the drop's standard error beside every task drop (None: fewer than two files)
+        assert "task_drop_se" in t and (t["task_drop_se"] is None or t["task_drop_se"] >= 0)
+    assert [(c["number"], c["search"]) for c in checks] == [(t["number"], t.get("search")) for t in order[: len(checks)]]
     if result["tiers_off"]:
         assert result["gamma"] == sd_best["gamma"]
         assert result["dev"]["cost_per_token"] == pytest.approx(sd_best["cost_per_token"])
         assert all(not c["feasible"] for c in checks)
         return
-    kept = checks[-1]
-    assert kept["feasible"] and not any(c["feasible"] for c in checks[:-1])
-    chosen = next(t for t in feasible if (t["number"], t.get("search")) == (kept["number"], kept["search"]))
+    if checks:  # confirmed on held-out prompts: the first that passed
+        assert checks[-1]["feasible"] and not any(c["feasible"] for c in checks[:-1])
+    chosen = order[max(len(checks), 1) - 1]
     assert {k: result[k] for k in POLICY_KEYS} == {k: chosen[k] for k in POLICY_KEYS}
     assert result["dev"]["cost_per_token"] == pytest.approx(chosen["cost_per_token"])
-    cheaper = [t for t in feasible if not t["tiers_off"] and t["cost_per_token"] < chosen["cost_per_token"]]
-    assert sorted((t["number"], t.get("search")) for t in cheaper) == \
-        sorted((c["number"], c["search"]) for c in checks[:-1])
-    assert chosen["cost_per_token"] <= (1 - result["signature"]["config"]["min_gain"]) * sd_best["cost_per_token"]

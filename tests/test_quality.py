@@ -58,3 +58,39 @@ def test_position_table_reads_pass_rates_per_position():
     assert rows[0] == ["run", "pos 1", "pos 2", "pos 3", "blocks gated", "escalated"]
     assert ["viasd", "0.60 (10)", "0.50 (6)", "0.00 (3)", "0.200", "0.900"] in rows and not any(r[0] == "sd" for r in rows)
     assert "No VIA-SD run" in position_table([evals[1]])
+
+
+def test_task_drop_standard_error_by_the_jackknife():
+    """For a metric that is a mean over examples (exact match), the delete-one jackknife SE of the paired drop is
+    the textbook SE of a mean difference, sd(d_i) / sqrt(n) with d_i the per-example drop in points; by source
+    file (equal-sized groups) it is sd(group means) / sqrt(K); more groups than `max_blocks` are dealt into that
+    many blocks; one group has no spread (None); a corpus metric (chrF) is recomputed on each subset, and
+    identical outputs have SE 0."""
+    import statistics
+
+    from viasd.evaluation import task_drop_standard_error
+    from viasd.tasks.base import Example, TaskSpec
+
+    spec = TaskSpec("x", ("exact_match",))
+    examples = [Example(id=str(i), prompt="", reference="a") for i in range(8)]
+    ar = ["a", "a", "a", "b", "a", "a", "b", "a"]
+    ours = ["a", "b", "b", "a", "a", "b", "a", "a"]
+    d = [100.0 * ((x == "a") - (y == "a")) for x, y in zip(ar, ours)]
+    assert task_drop_standard_error(spec, "exact_match", examples, ar, ours) == \
+        pytest.approx(statistics.stdev(d) / len(d) ** 0.5)
+    groups = [0, 0, 1, 1, 2, 2, 3, 3]
+    means = [(d[2 * g] + d[2 * g + 1]) / 2 for g in range(4)]
+    assert task_drop_standard_error(spec, "exact_match", examples, ar, ours, groups) == \
+        pytest.approx(statistics.stdev(means) / 2)
+    # 8 groups dealt round-robin into 4 blocks: the blocks {0,4}, {1,5}, {2,6}, {3,7}
+    blocks = [(d[b] + d[b + 4]) / 2 for b in range(4)]
+    assert task_drop_standard_error(spec, "exact_match", examples, ar, ours, max_blocks=4) == \
+        pytest.approx(statistics.stdev(blocks) / 2)
+    assert task_drop_standard_error(spec, "exact_match", examples, ar, ours, [0] * 8) is None
+    with pytest.raises(ValueError):
+        task_drop_standard_error(spec, "exact_match", examples, ar, ours[:-1])
+    chrf = TaskSpec("x", ("chrf",))
+    texts = [Example(id=str(i), prompt="", reference=f"def f{i}(x): return x + {i}") for i in range(5)]
+    outs = ["def f0(x): return x + 0", "def f1(y): return y * 1", "lambda: 2", "def f3(x): return x - 3", "pass"]
+    assert task_drop_standard_error(chrf, "chrf", texts, outs, outs) == 0.0
+    assert task_drop_standard_error(chrf, "chrf", texts, [e.reference for e in texts], outs) > 0.0

@@ -63,7 +63,8 @@ def test_the_held_out_check_asks_the_fidelity_floor_with_confidence():
         def evaluate(self, policy, min_fidelity=None):
             fidelity, se, drop = held_out[policy.tau_accept]
             return {"fidelity": fidelity, "fidelity_se": se, "groups": 19, "nll": 1.0, "task_score": 10.0 - drop,
-                    "task_score_ar": 10.0, "task_drop": drop, "agreement": 0.5, "prompts": 48, "pruned": False,
+                    "task_score_ar": 10.0, "task_drop": drop, "task_drop_se": 0.5, "agreement": 0.5, "prompts": 48,
+                    "pruned": False,
                     "wall_per_token": 0.01}
 
     confirm = HeldOut()
@@ -171,3 +172,38 @@ def test_a_search_depends_only_on_the_space_of_its_routers(routers):
         params = set().union(*(names[f] for f in fields))
         assert (params <= drawn) == (router in routers) and (not params & drawn) == (router not in routers)
         assert all((f in searched_space(cfg)) == (router in routers) for f in fields)
+
+
+def test_costs_the_model_cannot_tell_apart_are_ranked_by_fidelity_margin():
+    """Tiered candidates costing within `cost_resolution` of the cheapest are ties: the one with the highest
+    fidelity lower bound is chosen (and would be confirmed) first, then the other ties by that bound, then the
+    dearer candidates cheapest first; with `cost_resolution: 0` the cheapest is first again. `min_gain` still
+    compares with the cheapest tiered candidate, and a tie that saves less than it is no candidate."""
+    from dataclasses import replace
+
+    from viasd.metrics.quality import QualityConstraints
+    from viasd.search.choice import choose, rank_candidates
+    from viasd.search.thresholds import ThresholdConfig
+
+    cfg = ThresholdConfig(min_gain=0.03, cost_resolution=0.03,
+                          quality=QualityConstraints(min_fidelity=0.95, max_task_drop=1.0))
+
+    def point(number, cost, fidelity, se=0.005, tiers_off=False, drop=0.0):
+        measured = {"fidelity": fidelity, "fidelity_se": se, "task_drop": drop}
+        return {"number": number, "tiers_off": tiers_off, "cost_per_token": cost, **measured,
+                "violations": cfg.quality.violations(measured), "feasible": not cfg.quality.violations(measured)}
+
+    sd = point(None, 1.0, 1.0, 0.0, tiers_off=True)
+    cheapest = point(1, 0.800, 0.967, drop=0.79)
+    margin = point(2, 0.820, 0.985, drop=0.08)   # 2.5 % dearer: a tie, the higher bound
+    middle = point(3, 0.810, 0.975)              # a tie, between the two
+    dearer = point(4, 0.830, 0.999)              # 3.75 % dearer: not a tie, however sure
+    cheaper_dearer = point(5, 0.825, 0.990)
+    best, checks = choose([sd, cheapest, margin, middle, dearer, cheaper_dearer], cfg)
+    assert best is margin and checks == []
+    assert [t["number"] for t in rank_candidates([cheapest, margin, middle, dearer, cheaper_dearer], cfg)] == [2, 3, 1, 5, 4]
+    assert choose([sd, cheapest, margin, middle, dearer], replace(cfg, cost_resolution=0.0))[0] is cheapest
+    # the tie window is measured from the cheapest eligible candidate; a tie beyond min_gain of SD is none
+    near_sd = point(6, 0.975, 0.999)
+    assert choose([sd, point(7, 0.96, 0.97), near_sd], cfg)[0]["number"] == 7
+    assert rank_candidates([], cfg) == []

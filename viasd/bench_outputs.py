@@ -28,9 +28,10 @@ def quality_of(models: ModelSet, prompts: list[list[int]], tokens: dict[str, lis
     """Per method: `fidelity` and `nll` of its outputs under the target (one teacher-forced pass per
     output; as `policy` processes it, with its generation settings) and, with `references` and `metric`,
     the task metric of its texts and `task_drop` in points against the reference method's (`ar`, else
-    `hf_ar`): the quality beside every speed figure."""
+    `hf_ar`) with its standard error (`task_drop_se`, `evaluation.task_drop_standard_error`): the quality beside
+    every speed figure."""
     from .decoding.policy import DecodePolicy
-    from .evaluation import metric_score
+    from .evaluation import metric_score, task_drop_standard_error
     from .metrics.quality import task_drop
     from .tasks.base import Example, TaskSpec
 
@@ -44,10 +45,16 @@ def quality_of(models: ModelSet, prompts: list[list[int]], tokens: dict[str, lis
             texts = [models.tokenizer.decode(o, skip_special_tokens=True) for o in outs]
             out[name]["task_metric"] = metric
             out[name]["task_score"] = metric_score(TaskSpec("bench", (metric,)), metric, examples, texts)
+            out[name]["texts"] = texts
     base = next((n for n in ("ar", "hf_ar") if n in out), None)
-    for row in out.values():
+    for name, row in out.items():
         if "task_score" in row and base is not None:
             row["task_drop"] = task_drop(metric, out[base]["task_score"], row["task_score"])
+            # paired, each prompt its own unit (the bench's prompts are cut from different files)
+            row["task_drop_se"] = None if name == base else task_drop_standard_error(
+                TaskSpec("bench", (metric,)), metric, examples, out[base]["texts"], row["texts"])
+    for row in out.values():
+        row.pop("texts", None)
     return out
 
 

@@ -117,3 +117,58 @@ def task_quality(task: TaskSpec, examples: list[Example], rows: list[dict]) -> d
         else:
             out.update(compute(name, texts, [e.reference for e in examples]))
     return out
+
+
+# metrics that are a mean over examples of one value each that runs code (a test, a compile): their drop's standard
+# error is computed from each example's value, once, not by re-scoring subsets (which would run the code again)
+PER_EXAMPLE_METRICS = frozenset({"pass_at_1", "compiles", "doctest_pass"})
+
+
+def task_drop_standard_error(task: TaskSpec, metric: str, examples: list[Example], ar_texts: list[str | None],
+                             texts: list[str | None], groups: list | None = None, max_blocks: int = 50) -> float | None:
+    """The standard error of the task drop `points(score(ar_texts)) - points(score(texts))` (`metrics.quality.task_drop`,
+    the same prompts), by the delete-one-group jackknife: with the drop D_(g) recomputed without group g's examples,
+    K groups and D_bar their mean, SE^2 = (K - 1) / K * sum_g (D_(g) - D_bar)^2.
+
+    Why the jackknife: a corpus metric (chrF, BLEU) is not a mean over examples, so the spread of per-example
+    differences does not give its error; the jackknife recomputes the statistic itself and is paired (both
+    outputs lose the same examples), and `groups` (source files) make it cluster-robust as the fidelity's SE is
+    (`metrics.model_metrics.fidelity_standard_error`). More than `max_blocks` groups are dealt round-robin into that
+    many blocks (the grouped jackknife), which bounds the cost at 2 x `max_blocks` scorings. Metrics of
+    `PER_EXAMPLE_METRICS` are scored per example once and the means recomputed. None with fewer than two groups.
+
+    Shapes: `examples`, `ar_texts`, `texts`, `groups` aligned, one entry per example."""
+    from .metrics.quality import points
+
+    n = len(examples)
+    if not (len(ar_texts) == len(texts) == n) or (groups is not None and len(groups) != n):
+        raise ValueError(f"{n} examples, {len(ar_texts)} ar texts, {len(texts)} texts, "
+                         f"{len(groups) if groups is not None else n} groups")
+    groups = list(range(n)) if groups is None else groups
+    names = list(dict.fromkeys(groups))
+    block = {g: i % max_blocks for i, g in enumerate(names)}
+    blocks = sorted(set(block.values()))
+    if len(blocks) < 2:
+        return None
+    if metric in PER_EXAMPLE_METRICS:
+        ours = [metric_score(task, metric, [e], [t]) for e, t in zip(examples, texts)]
+        theirs = [metric_score(task, metric, [e], [t]) for e, t in zip(examples, ar_texts)]
+
+        def drop(keep: list[int]) -> float | None:
+            pairs = [(theirs[i], ours[i]) for i in keep if theirs[i] is not None and ours[i] is not None]
+            if not pairs:
+                return None
+            return points(metric, sum(a - b for a, b in pairs) / len(pairs))
+    else:
+        def drop(keep: list[int]) -> float | None:
+            a = metric_score(task, metric, [examples[i] for i in keep], [ar_texts[i] for i in keep])
+            b = metric_score(task, metric, [examples[i] for i in keep], [texts[i] for i in keep])
+            return None if a is None or b is None else points(metric, a) - points(metric, b)
+
+    left_out = [drop([i for i in range(n) if block[groups[i]] != b]) for b in blocks]
+    left_out = [d for d in left_out if d is not None]
+    k = len(left_out)
+    if k < 2:
+        return None
+    mean = sum(left_out) / k
+    return ((k - 1) / k * sum((d - mean) ** 2 for d in left_out)) ** 0.5

@@ -1,9 +1,11 @@
 """The choice among a threshold search's points (`search.thresholds`): the cheapest feasible SD point, replaced
-by the cheapest tiered trial that meets the fidelity floor with confidence (`eligible`), saves
-`ThresholdConfig.min_gain` of SD's cost and meets the quality constraints again on held-out dev prompts, its
-fidelity there with the same confidence (`confirm_choice`). Points are `search.thresholds._point` dicts
-(policy fields and measures); `cfg` is a `search.thresholds.ThresholdConfig` and `confirm` a
-`search.thresholds.DevSet` (not imported: that module imports this one)."""
+by a tiered trial that meets the fidelity floor with confidence (`eligible`), saves `ThresholdConfig.min_gain` of
+SD's cost, comes first among those in `rank_candidates`' order (cheapest first, but among costs within the cost
+model's resolution, `ThresholdConfig.cost_resolution`, the most fidelity margin first) and meets the quality
+constraints again on held-out dev prompts, its fidelity there with the same confidence (`confirm_choice`).
+Points are `search.thresholds._point` dicts (policy fields and measures); `cfg` is a
+`search.thresholds.ThresholdConfig` and `confirm` a `search.thresholds.DevSet` (not imported: that module imports
+this one)."""
 
 from __future__ import annotations
 
@@ -61,6 +63,33 @@ def held_out_bound_violation(bound: float | None, cfg) -> dict:
     return {"fidelity_lower_bound": floor - bound}
 
 
+def _round(value: float | None) -> str:
+    return "none" if value is None else f"{value:.3f}"
+
+
+def rank_candidates(tiered: list[dict], cfg) -> list[dict]:
+    """`tiered` (eligible feasible tiered points, each with its `fidelity_lower_bound`) in the order the choice
+    takes them: those whose cost is within `cfg.cost_resolution` of the cheapest's, the highest fidelity bound
+    first, then the rest, cheapest first.
+
+    Why: the cost model's per-pass costs are measured on a few decodes, and costs that close cannot be told
+    apart (a fully gated policy, SD with split passes, came out 1.6 % cheaper than SD by that noise alone,
+    which is why `min_gain` is 3 %); between policies the model cannot rank, the one with the most fidelity
+    margin is the better bet, as the one-standard-error rule takes the simplest model among those whose errors
+    cannot be told apart. The bound, not the dev task drop, ranks them: the drop on 24 prompts has a standard
+    error about as large as its bar, so ranking by it would pick the luckiest drop again. Measured on the
+    default family's continuation search: the cheapest eligible trial (dev fidelity 0.967, drop 0.79) kept
+    at 0.977 / 1.15 on test, and a trial 2.5 % dearer had dev fidelity 0.985 and drop 0.08."""
+    if not tiered:
+        return []
+    tiered = sorted(tiered, key=lambda t: (t["cost_per_token"], t["number"] or 0))
+    window = (1 + cfg.cost_resolution) * tiered[0]["cost_per_token"]
+    ties = [t for t in tiered if t["cost_per_token"] <= window]
+    ties.sort(key=lambda t: (-(t["fidelity_lower_bound"] if t["fidelity_lower_bound"] is not None else -math.inf),
+                             t["cost_per_token"], t["number"] or 0))
+    return ties + tiered[len(ties):]
+
+
 def confirm_choice(ranked: list[dict], confirm, cfg) -> tuple[dict | None, list[dict]]:
     """The first of `ranked` (feasible tiered points, cheapest first) that also meets the quality constraints
     on the held-out `confirm` prompts, its fidelity with confidence (`held_out_bound_violation`), trying at most
@@ -73,7 +102,7 @@ def confirm_choice(ranked: list[dict], confirm, cfg) -> tuple[dict | None, list[
     other source files than the search's (`split_by_group`): cuts of one file are alike, so held-out cuts of
     the search's own files confirm what the search fitted (measured: 0.952 on such prompts, 0.941 on test).
     Each check is `{number, search, cost_per_token (dev), fidelity, fidelity_se, fidelity_lower_bound, groups,
-    task_drop, violations, feasible, prompts}`."""
+    task_drop, task_drop_se, violations, feasible, prompts}`."""
     checks = []
     for point in ranked[: cfg.confirm_candidates]:
         policy = replace(confirm.base, **{k: point[k] for k in TUNED_FIELDS})
@@ -82,7 +111,7 @@ def confirm_choice(ranked: list[dict], confirm, cfg) -> tuple[dict | None, list[
         violations = cfg.quality.violations(measured) | held_out_bound_violation(bound, cfg)
         check = {"number": point.get("number"), "search": point.get("search"), "cost_per_token": point["cost_per_token"],
                  **{k: measured[k] for k in ("fidelity", "fidelity_se", "groups", "nll", "task_score", "task_score_ar",
-                                             "task_drop", "agreement", "prompts", "pruned", "wall_per_token")},
+                                             "task_drop", "task_drop_se", "agreement", "prompts", "pruned", "wall_per_token")},
                  "fidelity_lower_bound": bound, "violations": violations, "feasible": not violations}
         checks.append(check)
         log.info("confirming trial #%s on %d held-out dev prompts (%d groups): fidelity %.3f (bound %.3f), task drop %s: %s",
@@ -97,10 +126,11 @@ def confirm_choice(ranked: list[dict], confirm, cfg) -> tuple[dict | None, list[
 def choose(candidates: list[dict], cfg, confirm=None) -> tuple[dict, list[dict]]:
     """The choice among a search's `candidates` (SD points and trials, each a `_point`), and its held-out checks.
 
-    The cheapest feasible SD point, replaced by the cheapest feasible tiered trial whose fidelity's lower
-    confidence bound meets the floor (`eligible`) if that saves at least `cfg.min_gain` of SD's cost and (with
-    `confirm`) meets the constraints again on the held-out prompts (`confirm_choice`). Each candidate gets its
-    `fidelity_lower_bound`. Raises `InfeasibleError` when no candidate is feasible."""
+    The cheapest feasible SD point, replaced by a feasible tiered trial whose fidelity's lower confidence bound
+    meets the floor (`eligible`) if the cheapest such trial saves at least `cfg.min_gain` of SD's cost: the first
+    of those that save it in `rank_candidates`' order (among costs the model cannot tell apart, the most fidelity
+    margin first) that (with `confirm`) meets the constraints again on the held-out prompts (`confirm_choice`).
+    Each candidate gets its `fidelity_lower_bound`. Raises `InfeasibleError` when no candidate is feasible."""
     feasible = [t for t in candidates if t["feasible"]]
     if not feasible:
         closest = min(candidates, key=lambda t: cfg.quality.slack(t))
@@ -124,10 +154,16 @@ def choose(candidates: list[dict], cfg, confirm=None) -> tuple[dict, list[dict]]
                  best["number"], 100 * (1 - best["cost_per_token"] / sd_best["cost_per_token"]), 100 * cfg.min_gain)
         best = sd_best
     checks: list[dict] = []
-    if confirm is not None and not best["tiers_off"]:
+    if not best["tiers_off"]:
         limit = (1 - cfg.min_gain) * sd_best["cost_per_token"] if sd_best is not None else math.inf
-        ranked = sorted((t for t in feasible if not t["tiers_off"] and t["cost_per_token"] <= limit),
-                        key=lambda t: (t["cost_per_token"], t["number"] or 0))
+        ranked = rank_candidates([t for t in feasible if not t["tiers_off"] and t["cost_per_token"] <= limit], cfg)
+        if ranked[0] is not best:
+            log.info("trial #%s costs within %.0f%% of the cheapest (#%s), which the cost model cannot tell apart, "
+                     "with the higher fidelity bound (%s against %s): first", ranked[0]["number"],
+                     100 * cfg.cost_resolution, best["number"], _round(ranked[0]["fidelity_lower_bound"]),
+                     _round(best["fidelity_lower_bound"]))
+        best = ranked[0]
+    if confirm is not None and not best["tiers_off"]:
         kept, checks = confirm_choice(ranked, confirm, cfg)
         if kept is None and sd_best is not None:
             log.info("no tiered policy met %s on the held-out dev prompts: tiers off", cfg.quality.describe())

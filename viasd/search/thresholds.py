@@ -74,6 +74,9 @@ class ThresholdConfig:
     # below it the saving is within the resolution of the measured per-pass costs (a fully gated policy,
     # i.e. SD with split passes, can look a few percent cheaper or dearer by measurement noise alone)
     min_gain: float = 0.03
+    # tiered candidates whose costs are within this share of the cheapest's are ties (the same resolution as
+    # `min_gain`): among them the choice takes the highest fidelity lower bound first (`choice.rank_candidates`)
+    cost_resolution: float = 0.03
     # the chosen tiered policy is decoded again on held-out dev prompts (`tune_thresholds`'s `confirm`) and kept
     # only if it meets the constraints there too, its held-out fidelity's lower bound at `fidelity_confidence`
     # included (`choice.held_out_bound_violation`); else the next cheapest, up to this many; else SD
@@ -93,7 +96,7 @@ ROUTER_FIELDS = {"rules": ("tau_accept", "tau_accept_prob", "tau_slim", "scores"
 
 # the fields that only select among a search's trials (`choice.choose`): a change re-selects from the same,
 # resumed Optuna study
-CHOICE_FIELDS = ("min_gain", "confirm_candidates", "fidelity_confidence")
+CHOICE_FIELDS = ("min_gain", "cost_resolution", "confirm_candidates", "fidelity_confidence")
 
 
 def searched_space(cfg: ThresholdConfig) -> dict:
@@ -109,12 +112,14 @@ def searched_space(cfg: ThresholdConfig) -> dict:
 class SharedDev:
     """What every slim's search of one pair, task and engine has in common, computed by the first and
     reused by the others: the target's greedy dev outputs with their task score and time, and the
-    tiers-off (SD) points, which never run a slim (each search costs their pass counts with its own per-pass costs)."""
+    tiers-off (SD) points, which never run a slim (each search costs their pass counts with its own per-pass costs);
+    `ar_texts`, the greedy outputs' texts, pair each trial's task drop for its standard error."""
 
     reference: list[list[int]]
     ar_task: float | None
     ar_seconds_per_token: float
     tiers_off: list[dict] | None = None
+    ar_texts: list[str] | None = None
 
 
 class DevSet:
@@ -145,7 +150,7 @@ class DevSet:
             ar = [models.generate(p, replace(self.base, method="ar")) for p in self.prompts]
             ar_stats = DecodeStats.merge([r.stats for r in ar])
             shared = SharedDev([r.token_ids for r in ar], self.task_score([r.text for r in ar]),
-                               ar_stats.wall_time_s / max(ar_stats.new_tokens, 1))
+                               ar_stats.wall_time_s / max(ar_stats.new_tokens, 1), ar_texts=[r.text for r in ar])
         self.shared = shared
         self.reference, self.ar_task = shared.reference, shared.ar_task
         self.ar_seconds_per_token = shared.ar_seconds_per_token
@@ -171,6 +176,16 @@ class DevSet:
         from ..evaluation import metric_score
 
         return metric_score(self.task, self.metric, self.examples, texts)
+
+    def task_drop_se(self, texts: list[str | None], groups: list | None) -> float | None:
+        """The standard error of the task drop of `texts` (the first len(texts) dev prompts' outputs) against the
+        target's greedy outputs, clustered by `groups` (`evaluation.task_drop_standard_error`)."""
+        if self.metric is None or self.models.tokenizer is None or self.shared.ar_texts is None:
+            return None
+        from ..evaluation import task_drop_standard_error
+
+        n = len(texts)
+        return task_drop_standard_error(self.task, self.metric, self.examples[:n], self.shared.ar_texts[:n], texts, groups)
 
     def measure_pass_cost(self, gammas=(2, 3, 4, 6)) -> dict[str, PassCost]:
         """Each runner layout's `PassCost`, fitted on the decoding passes of the probe decodes of the first
@@ -212,7 +227,8 @@ class DevSet:
         scores = pooled(row_scores)
         # prompts of one group (cuts of one source file) are not independent: the SE clusters by group
         groups = [self.task.group(e) for e in self.examples[: len(results)]] if self.task is not None else None
-        score = None if pruned else self.task_score([r.text for r in results])
+        texts = [r.text for r in results]
+        score = None if pruned else self.task_score(texts)
         keys = stats.layouts()
         missing = missing_layouts(stats, self.pass_cost)
         if missing:
@@ -225,6 +241,7 @@ class DevSet:
                 "nll": scores["nll"], "agreement": agree,
                 "task_metric": self.metric, "task_score": score, "task_score_ar": self.ar_task,
                 "task_drop": task_drop(self.metric, self.ar_task, score) if self.metric and not pruned else None,
+                "task_drop_se": None if pruned else self.task_drop_se(texts, groups),
                 "pruned": pruned, "prompts": len(results),
                 "rejection_rate": stats.rejection_rate, "acceptance_rate": stats.acceptance_rate,
                 "block_escalation_rate": stats.block_escalation_rate, "gated_rate": stats.gated_rate,

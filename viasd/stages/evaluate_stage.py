@@ -59,7 +59,7 @@ def _decoded(params: Params, pair_name: str, task: str, run: str) -> tuple[dict,
 
 def _evaluate_run(params: Params, pair_name: str, task: str, run: str, summary: dict, rows: list[dict], chosen: list,
                   spec, tokenizer, ar_scores: dict) -> dict:
-    from ..evaluation import metric_score, task_quality
+    from ..evaluation import metric_score, task_drop_standard_error, task_quality
     from ..io import write_json
     from ..metrics.quality import main_metric, task_drop
 
@@ -75,6 +75,9 @@ def _evaluate_run(params: Params, pair_name: str, task: str, run: str, summary: 
         ar_value = ar_scores[key]
         quality[f"{metric}_ar"] = ar_value
         quality["task_drop"] = task_drop(metric, ar_value, quality.get(metric))
+        # its standard error, paired and clustered by the task's groups (source files), as the fidelity's
+        quality["task_drop_se"] = (None if run == "ar" else task_drop_standard_error(
+            spec, metric, chosen, ar_texts, [r["text"] for r in rows], [spec.group(e) for e in chosen]))
     out = {**summary, "quality": quality, "task_metric": metric}
     write_json(eval_path(params, pair_name, task, run), out)
     return out

@@ -43,7 +43,7 @@ COLUMNS = (("run", "run"), ("method", "method"), ("ablation", "ablation"), ("rej
            ("position_escalation_rate", "positions escalated"), ("slim_error_rate", "slim wrong (oracle)"),
            ("lagged_rolled_back", "rolled back"), ("tokens_per_second", "tokens/s"))
 # the three quality measures, first in every table (docs/quality.md); the task's own metrics follow
-QUALITY_FIRST = ("fidelity", "fidelity_se", "task_drop", "agreement")
+QUALITY_FIRST = ("fidelity", "fidelity_se", "task_drop", "task_drop_se", "agreement")
 
 
 def grid(params: Params) -> list[tuple[str, str, str]]:
@@ -138,8 +138,9 @@ SLIM_COLUMNS = (("slim", "slim"), ("layers", "kept layers"), ("tiers_off", "tier
                 ("wall_ms_per_token", "wall ms/token"), ("rejection_rate", "rejection rate"),
                 ("slim_passes_per_token", "slim passes/token"), ("full_passes_per_token", "full passes/token"),
                 ("fidelity", "fidelity"), ("fidelity_lower_bound", "fidelity lower bound"),
-                ("task_drop", "task drop (points)"), ("agreement", "agreement"),
+                ("task_drop", "task drop (points)"), ("task_drop_se", "task drop SE"), ("agreement", "agreement"),
                 ("confirm_fidelity", "held-out fidelity"), ("confirm_task_drop", "held-out task drop"),
+                ("confirm_task_drop_se", "held-out task drop SE"),
                 ("confirm_checks", "held-out checks (rejected)"))
 
 
@@ -158,7 +159,8 @@ def slim_rows(params: Params, pair: str, task: str) -> list[dict]:
                                                   "gate", "max_lag", "verify_lagged", "cost_vs_sd")},
                      **{f"{k}_ms_per_token": 1000 * tuned["dev"][f"{k}_per_token"] for k in ("cost", "wall")},
                      **{k: tuned["dev"].get(k) for k in ("rejection_rate", "full_passes_per_token", "fidelity",
-                                                         "fidelity_lower_bound", "task_drop", "agreement")},
+                                                         "fidelity_lower_bound", "task_drop", "task_drop_se",
+                                                         "agreement")},
                      "slim_passes_per_token": sum(v for k, v in (tuned["dev"].get("passes_per_token") or {}).items()
                                                   if k.split(":")[0] == "slim"),
                      **confirm_columns(tuned.get("confirm"))})
@@ -173,6 +175,7 @@ def confirm_columns(confirm: dict | None) -> dict:
         return {}
     kept = checks[-1] if checks[-1]["feasible"] else None
     return {"confirm_fidelity": kept["fidelity"] if kept else None, "confirm_task_drop": kept["task_drop"] if kept else None,
+            "confirm_task_drop_se": kept.get("task_drop_se") if kept else None,
             "confirm_checks": f"{len(checks)} ({sum(not c['feasible'] for c in checks)})"}
 
 
@@ -336,7 +339,8 @@ def run_report_stage(params: Params) -> dict:
         bounds = QualityConstraints.from_dict(params.thresholds.search.get("quality")).describe()
         summary += [f"## {pair} on {task}\n",
                     "Quality three ways: `fidelity` = share of tokens equal to the target's greedy choice given "
-                    "the generated prefix; `task_drop` = points of the task metric below `ar` on the same prompts; "
+                    "the generated prefix; `task_drop` = points of the task metric below `ar` on the same prompts "
+                    "(`task_drop_se` its standard error: paired, by the delete-one-file jackknife); "
                     "`agreement` = positional equality with `ar`'s output.\n", table, shared_decodes(evals),
                     f"![frontier](plots/{key}-frontier.png) ![tiers](plots/{key}-tiers.png)\n",
                     "Slim-tier pass rate by block position (share of the positions the tiers examined that they "
