@@ -11,6 +11,36 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import build_pair, build_tokenizer  # noqa: E402
 
 
+def pytest_addoption(parser):
+    parser.addoption("--device", default=os.environ.get("VIASD_TEST_DEVICE", "cpu"),
+                     help="where the `model_sets` fixture puts the tiny pairs (cpu, cuda, cuda:1, ...; default cpu or "
+                          "$VIASD_TEST_DEVICE): the engine's invariants, run on an accelerator. Float32 either way.")
+
+
+def pytest_configure(config):
+    """`--device` checked once, before any test: one line when it names no device torch can use."""
+    import torch
+
+    name = config.getoption("--device")
+    try:
+        found = torch.device(name)
+    except RuntimeError as err:
+        raise pytest.UsageError(f"--device {name}: {err}") from None
+    if found.type == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError(f"--device {name}: torch {torch.__version__} sees no CUDA device")
+    if found.type == "cuda":  # float32 matmuls in full precision (no TF32), as on the CPU: token-for-token invariants
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+
+@pytest.fixture(scope="session")
+def device(request):
+    """The torch device the engine tests run on (`--device`, checked in `pytest_configure`)."""
+    import torch
+
+    return torch.device(request.config.getoption("--device"))
+
+
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tokenizer")
@@ -40,8 +70,8 @@ def pair_dirs(tmp_path_factory, tokenizer):
 
 
 @pytest.fixture(scope="session")
-def model_sets(pair_dirs):
-    """arch -> ModelSet (target, draft, one slim verifier keeping layers 0 and 2) on the CPU."""
+def model_sets(pair_dirs, device):
+    """arch -> ModelSet (target, draft, one slim verifier keeping layers 0 and 2) on `device` (`--device`)."""
     from viasd import load_models
 
     loaded = {}
@@ -49,7 +79,7 @@ def model_sets(pair_dirs):
     def get(arch: str):
         if arch not in loaded:
             target, draft = pair_dirs(arch)
-            loaded[arch] = load_models(target, draft=draft, masks=[[0, 2]], device="cpu", dtype="float32")
+            loaded[arch] = load_models(target, draft=draft, masks=[[0, 2]], device=str(device), dtype="float32")
         return loaded[arch]
 
     return get

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import re
 import shlex
 import shutil
@@ -105,14 +106,39 @@ def test_smoke_study_through_slurm_logging_to_a_postgresql_tracking_server(repo,
         log = (tmp_path / "first.log").open("w")
         first = subprocess.Popen(command, cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT)
 
-        def running_search():  # a threshold search running its trials (thresholds.split_searches: a job of its own)
-            found = [j for j in slurm_jobs(slurm) if j["comment"].startswith("rule_thresholds_search")
-                     and j["state"] == "RUNNING"]
-            return found[0] if found else None
+        from mlflow.tracking import MlflowClient
 
-        job = wait_for(running_search, "a running thresholds_search job", timeout=900, proc=first)
-        wait_for(lambda: list((repo / "logs" / "thresholds_search").glob("*.log")), "the search's log", timeout=120)
-        time.sleep(8)  # mid-stage: its MLflow run is open
+        client = MlflowClient(uri)
+
+        def open_stage_run(job_id: str):  # the job's stage run, RUNNING from the stage's start (tracking.owner_tags)
+            exp = client.get_experiment_by_name("viasd-smoke")
+            found = exp and client.search_runs(
+                [exp.experiment_id], f"tags.`viasd.slurm_job` = '{job_id}' and attributes.status = 'RUNNING'")
+            return next((r for r in found or [] if r.info.run_name.startswith("tune_thresholds/")), None)
+
+        def frozen_mid_stage():
+            """A threshold search job (thresholds.split_searches: a job of its own) frozen by `scontrol suspend`
+            (SIGSTOP to its processes) while its stage's MLflow run is open, so the cancel lands mid-stage
+            whatever the machine's speed: a smoke search can end within seconds of starting, and a cancel
+            timed by a sleep once landed after its run had FINISHED."""
+            searches = [j for j in slurm_jobs(slurm) if j["comment"].startswith("rule_thresholds_search")
+                        and j["state"] == "RUNNING"]
+            for job in searches:
+                if open_stage_run(job["id"]) is None:
+                    continue
+                scontrol = ["scontrol", "suspend", job["id"]]
+                if subprocess.run(scontrol, env={**os.environ, **slurm}, capture_output=True).returncode != 0:
+                    continue  # it ended in between
+                time.sleep(1)  # slurmd stops its processes: from here its run's status cannot change
+                if not [j for j in slurm_jobs(slurm) if j["id"] == job["id"] and j["state"] == "SUSPENDED"]:
+                    continue
+                opened = open_stage_run(job["id"])
+                if opened is not None:
+                    return job, opened
+                subprocess.run(["scontrol", "resume", job["id"]], env={**os.environ, **slurm}, capture_output=True)
+            return None
+
+        job, opened = wait_for(frozen_mid_stage, "a search job with its stage run open", timeout=900, proc=first)
         subprocess.run(["scancel", job["id"]], env={**env}, check=True)
         assert first.wait(timeout=600) != 0  # the workflow fails with its job
         cancelled = [j for j in slurm_jobs(slurm) if j["id"] == job["id"]]
@@ -140,9 +166,6 @@ def test_smoke_study_through_slurm_logging_to_a_postgresql_tracking_server(repo,
 
         assert names(fingerprint["mlflow_run_names"]) == names(golden["mlflow_run_names"])
 
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(uri)
         exp = client.get_experiment_by_name("viasd-smoke")
         runs = client.search_runs([exp.experiment_id], max_results=5000)
         assert not [r.info.run_name for r in runs if r.info.status == "RUNNING"]
@@ -150,6 +173,8 @@ def test_smoke_study_through_slurm_logging_to_a_postgresql_tracking_server(repo,
         assert sorted(r.info.run_name for r in finished) == expected_run_names()  # each exactly once
         killed = [r for r in runs if r.info.status == "KILLED"]
         assert killed and all(r.info.run_name.startswith("tune_thresholds/") for r in killed)
+        cancelled_run = client.get_run(opened.info.run_id)  # ended by the job that ran the search again
+        assert cancelled_run.info.status == "KILLED" and cancelled_run.data.tags.get("viasd.superseded_by")
         assert all(r.data.tags.get("viasd.slurm_job") for r in finished)  # logged from the sbatch jobs
         parents = {r.info.run_id: r.info.status for r in runs if r.data.tags.get("stage") == "study"}
         assert sorted(parents.values()) == ["FAILED", "FINISHED"]

@@ -32,13 +32,14 @@ def setup(model_sets, tokenizer):
 
 def exact_two_token_distribution(models, ids):
     """{(t1, t2): probability} under the warped target, by enumeration."""
-    warp = Sampler(WARP, torch.device("cpu"), 0).probs
+    device = models.target.device
+    warp = Sampler(WARP, device, 0).probs
     with torch.inference_mode():
-        logits = models.target(torch.tensor([ids])).logits[0, -1, : models.vocab_size].float()
+        logits = models.target(torch.tensor([ids], device=device)).logits[0, -1, : models.vocab_size].float()
         first = warp(logits)
         dist = {}
         for t1 in torch.nonzero(first).flatten().tolist():
-            nxt = models.target(torch.tensor([ids + [t1]])).logits[0, -1, : models.vocab_size].float()
+            nxt = models.target(torch.tensor([ids + [t1]], device=device)).logits[0, -1, : models.vocab_size].float()
             second = warp(nxt)
             for t2 in torch.nonzero(second).flatten().tolist():
                 dist[(t1, t2)] = float(first[t1] * second[t2])

@@ -15,7 +15,9 @@ N_NEW = 24
 
 
 def hf_greedy(models, ids, n, eos):
-    out = models.target.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+    device = models.target.device
+    out = models.target.generate(torch.tensor([ids], device=device),
+                                 attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=device),
                                  do_sample=False, max_new_tokens=n, eos_token_id=eos, pad_token_id=0,
                                  min_new_tokens=0 if eos is not None else n)
     return out[0, len(ids):].tolist()
