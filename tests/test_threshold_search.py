@@ -180,7 +180,8 @@ def test_infeasible_constraint_names_it_and_writes_nothing(study, tmp_path):
     """Agreement is made impossible by scoring against a reference of an id no model can emit, so
     no candidate, not even tiers off, can be feasible; the error names the constraint."""
     from viasd.metrics.quality import QualityConstraints
-    from viasd.search.thresholds import DevSet, ThresholdConfig, tune_thresholds
+    from viasd.search.dev_set import DevSet
+    from viasd.search.thresholds import ThresholdConfig, tune_thresholds
     from viasd.tasks import load_examples
 
     _, params = study
@@ -262,7 +263,7 @@ def test_a_trial_stops_once_the_fidelity_floor_is_out_of_reach(study):
     fidelity to the floor, and the full decode of such a policy is indeed below the floor."""
     from dataclasses import replace
 
-    from viasd.search.thresholds import DevSet
+    from viasd.search.dev_set import DevSet
     from viasd.tasks import load_examples
 
     _, params = study
@@ -306,7 +307,8 @@ def test_the_choice_is_confirmed_on_held_out_dev_prompts(study, tmp_path):
     from dataclasses import replace
 
     from viasd.metrics.quality import QualityConstraints
-    from viasd.search.thresholds import DevSet, ThresholdConfig, tune_thresholds
+    from viasd.search.dev_set import DevSet
+    from viasd.search.thresholds import ThresholdConfig, tune_thresholds
     from viasd.tasks import load_examples
 
     _, params = study

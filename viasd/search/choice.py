@@ -4,8 +4,7 @@ SD's cost, comes first among those in `rank_candidates`' order (cheapest first, 
 model's resolution, `ThresholdConfig.cost_resolution`, the most fidelity margin first) and meets the quality
 constraints again on held-out dev prompts, its fidelity there with the same confidence (`confirm_choice`).
 Points are `search.thresholds._point` dicts (policy fields and measures); `cfg` is a
-`search.thresholds.ThresholdConfig` and `confirm` a `search.thresholds.DevSet` (not imported: that module imports
-this one)."""
+`search.thresholds.ThresholdConfig` and `confirm` a `search.dev_set.DevSet`."""
 
 from __future__ import annotations
 

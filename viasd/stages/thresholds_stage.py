@@ -26,13 +26,13 @@ from ..config import ConfigError, Pair, Params
 from ..decoding.router import headroom_share
 from ..io import write_json, write_jsonl, write_text
 from ..metrics.quality import QualityConstraints
+from ..search.dev_set import DevSet
 from ..search.pass_cost import PassCost, costs_from_json, costs_to_json
 from ..search.plots import speed_quality
 from ..search.storage import optuna_storage, study_name
 from ..search.thresholds import (
     CHOICE_FIELDS,
     POLICY_KEYS,
-    DevSet,
     ThresholdConfig,
     budgeted_oracle_point,
     oracle_points,
