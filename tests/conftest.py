@@ -18,27 +18,27 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    """`--device` checked once, before any test: one line when it names no device torch can use."""
+    """`--device` parsed once, before any test (one line when it names no device torch can use), and kept
+    on the config for the `device` fixture."""
     import torch
 
     name = config.getoption("--device")
     try:
-        found = torch.device(name)
+        config.viasd_device = torch.device(name)
     except RuntimeError as err:
         raise pytest.UsageError(f"--device {name}: {err}") from None
-    if found.type == "cuda" and not torch.cuda.is_available():
-        raise pytest.UsageError(f"--device {name}: torch {torch.__version__} sees no CUDA device")
-    if found.type == "cuda":  # float32 matmuls in full precision (no TF32), as on the CPU: token-for-token invariants
+    if config.viasd_device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise pytest.UsageError(f"--device {name}: torch {torch.__version__} sees no CUDA device")
+        # float32 matmuls in full precision (no TF32), as on the CPU: token-for-token invariants
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
 
 
 @pytest.fixture(scope="session")
 def device(request):
-    """The torch device the engine tests run on (`--device`, checked in `pytest_configure`)."""
-    import torch
-
-    return torch.device(request.config.getoption("--device"))
+    """The torch device the engine tests run on (`--device`)."""
+    return request.config.viasd_device
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import glob
 import json
-import os
 import re
 import shlex
 import shutil
@@ -126,8 +125,7 @@ def test_smoke_study_through_slurm_logging_to_a_postgresql_tracking_server(repo,
             for job in searches:
                 if open_stage_run(job["id"]) is None:
                     continue
-                scontrol = ["scontrol", "suspend", job["id"]]
-                if subprocess.run(scontrol, env={**os.environ, **slurm}, capture_output=True).returncode != 0:
+                if subprocess.run(["scontrol", "suspend", job["id"]], env=env, capture_output=True).returncode != 0:
                     continue  # it ended in between
                 time.sleep(1)  # slurmd stops its processes: from here its run's status cannot change
                 if not [j for j in slurm_jobs(slurm) if j["id"] == job["id"] and j["state"] == "SUSPENDED"]:
@@ -135,11 +133,11 @@ def test_smoke_study_through_slurm_logging_to_a_postgresql_tracking_server(repo,
                 opened = open_stage_run(job["id"])
                 if opened is not None:
                     return job, opened
-                subprocess.run(["scontrol", "resume", job["id"]], env={**os.environ, **slurm}, capture_output=True)
+                subprocess.run(["scontrol", "resume", job["id"]], env=env, capture_output=True)
             return None
 
         job, opened = wait_for(frozen_mid_stage, "a search job with its stage run open", timeout=900, proc=first)
-        subprocess.run(["scancel", job["id"]], env={**env}, check=True)
+        subprocess.run(["scancel", job["id"]], env=env, check=True)
         assert first.wait(timeout=600) != 0  # the workflow fails with its job
         cancelled = [j for j in slurm_jobs(slurm) if j["id"] == job["id"]]
         assert cancelled and cancelled[0]["state"] == "CANCELLED"
