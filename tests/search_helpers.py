@@ -57,6 +57,23 @@ def kill_after_trials(args, storage_path, trials: int) -> None:
     proc.wait()
 
 
+def check_the_calibration(result: dict, trace: list[dict]) -> None:
+    """Every point's cost is its model cost times its gamma's wall factor, and each factor is the wall time of the
+    search's dev decodes at that gamma (prefill left out) over their model cost, pooled weighted by prompts decoded
+    over every point of the trace: SD's, the search's trials and the other search's that compete."""
+    sums = {}
+    for t in trace:
+        assert t["decode_wall_per_token"] <= t["wall_per_token"]  # the prefill left out
+        entry = sums.setdefault(str(t["gamma"]), [0.0, 0.0])
+        entry[0] += t["prompts"] * t["decode_wall_per_token"]
+        entry[1] += t["prompts"] * t["cost_model_per_token"]
+    assert result["wall_factors"] == pytest.approx({g: w / m for g, (w, m) in sums.items()})
+    for t in trace:
+        assert t["wall_factor"] == pytest.approx(result["wall_factors"][str(t["gamma"])])
+        assert t["cost_per_token"] == pytest.approx(t["cost_model_per_token"] * t["wall_factor"])
+    assert result["dev"]["cost_per_token"] == pytest.approx(result["dev"]["cost_model_per_token"] * result["dev"]["wall_factor"])
+
+
 def check_the_choice(result: dict, trace: list[dict]) -> None:
     """The result is what the selection rule picks from its trace. A tiered trial is a candidate only if its dev
     fidelity's lower confidence bound (recorded in the trace) meets the floor and it saves `min_gain` of the
@@ -64,6 +81,7 @@ def check_the_choice(result: dict, trace: list[dict]) -> None:
     costing within `cost_resolution` of the cheapest, highest bound first, then the rest, cheapest first; the
     result is the first that passed, every one before it checked and rejected; or the SD point when none
     passed (or none was a candidate)."""
+    check_the_calibration(result, trace)
     config = result["signature"]["config"]
     floor = config["quality"]["min_fidelity"]
     z = NormalDist().inv_cdf(config["fidelity_confidence"])

@@ -83,7 +83,7 @@ def test_thresholds_stage_and_infeasible_constraint(study, tmp_path):
     for r in results.values():  # the cost model over the best trial's decoding passes, priced by layout and width
         cost, per = r["pass_cost_model"], r["dev"]["pass_widths_per_token"]
         assert {k.rpartition("/")[0] for k in per} <= set(cost)
-        assert r["dev"]["cost_per_token"] == pytest.approx(cost_per_token(per, costs_from_json(cost)))
+        assert r["dev"]["cost_model_per_token"] == pytest.approx(cost_per_token(per, costs_from_json(cost)))
     # the other slims' searches are shorter (thresholds.ablation_trials), start from the main search's
     # cheapest feasible tiered policies, and reuse its tiers-off (SD) points instead of decoding them again
     assert results["main"]["trials"] == 4 and results["mask_random"]["trials"] == 3

@@ -15,7 +15,15 @@ from ..metrics.model_metrics import agreement, fidelity_standard_error, pooled
 from ..metrics.quality import main_metric, task_drop
 from ..models import ModelSet
 from ..tasks.base import Example, TaskSpec
-from .pass_cost import PassCost, cost_per_token, fit_pass_costs, full_layout, missing_layouts, widths_per_token
+from .pass_cost import (
+    PassCost,
+    cost_per_token,
+    decode_seconds,
+    fit_pass_costs,
+    full_layout,
+    missing_layouts,
+    widths_per_token,
+)
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +157,9 @@ class DevSet:
             raise ViasdError(f"no measured per-pass cost for runner layout(s) {sorted(missing)} (have {sorted(self.pass_cost)})")
         widths = widths_per_token(stats)
         modeled = cost_per_token(widths, self.pass_cost)
+        # wall time per token, and without the prefill as the model prices it (`search.wall_calibration`)
         return {"cost_per_token": modeled, "wall_per_token": stats.wall_time_s / tokens,
+                "decode_wall_per_token": decode_seconds(stats) / tokens,
                 "fidelity": scores["fidelity"], "fidelity_se": fidelity_standard_error(row_scores, groups),
                 "groups": len(set(groups)) if groups is not None else len(results),
                 "nll": scores["nll"], "agreement": agree,

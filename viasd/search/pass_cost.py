@@ -94,6 +94,13 @@ def fit_pass_costs(runs: Iterable[DecodeStats | dict]) -> dict[str, PassCost]:
     return costs
 
 
+def decode_seconds(stats: DecodeStats) -> float:
+    """A decode's wall time without its prefill (passes from an empty cache) and prompt encoding: the time the
+    cost model prices."""
+    prefill = sum(s for key, s in stats.pass_width_s.items() if split_key(key)[1] == PREFILL)
+    return max(0.0, stats.wall_time_s - prefill - stats.encoder_time_s)
+
+
 def full_layout(costs: dict) -> str | None:
     """The unshared full-model pass among `costs`' layouts: the `target:<layers>` with the most layers
     (with reuse, `target:L-k` is only the rest after the shared trunk)."""

@@ -32,6 +32,7 @@ from .pass_cost import (
     costs_to_json,
     split_key,
 )
+from .wall_calibration import MODEL_KEY, calibrated, wall_factors
 from .workers import SERIAL, Worker, run_trials
 
 log = logging.getLogger(__name__)
@@ -194,6 +195,7 @@ def budgeted_oracle_point(dev: DevSet, cfg: ThresholdConfig, gamma: int) -> dict
 def _recosted(point: dict, dev: DevSet) -> dict:
     """A measured point's cost under `dev`'s per-pass costs (its passes are the same)."""
     cost = cost_per_token(point["pass_widths_per_token"], dev.pass_cost)
+    point = {k: v for k, v in point.items() if k not in (MODEL_KEY, "wall_factor")}  # a model cost, uncalibrated
     return {**point, "cost_per_token": cost, "speedup_model_vs_ar": dev.full_pass_cost() / cost if cost else None}
 
 
@@ -284,9 +286,15 @@ def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage, study_name: str,
     # `candidates`: trials of another search on the same dev prompts and per-pass costs (e.g. the hand rules'
     # own search), which compete in the choice below
     candidates = sd_points + trials + list(candidates)
+    # the model calibrated per gamma on these decodes' wall time (`search.wall_calibration`): what the choice ranks
+    factors = wall_factors(candidates)
+    log.info("cost model calibrated on the dev decodes' wall time: factor per gamma %s",
+             {g: round(f, 3) for g, f in factors.items()})
+    candidates = [calibrated(p, factors) for p in candidates]
+    sd_points = candidates[: len(sd_points)]
     if confirm is not None:
         confirm.pass_cost = dev.pass_cost
     best, checks = choose(candidates, cfg, confirm)
     sd = next(p for p in sd_points if p["gamma"] == best["gamma"]) if best["gamma"] in cfg.gamma else None
-    return {"best": best, "trials": candidates, "pass_cost": dev.pass_cost, "sd": sd,
+    return {"best": best, "trials": candidates, "pass_cost": dev.pass_cost, "sd": sd, "wall_factors": factors,
             "ar_seconds_per_token": dev.ar_seconds_per_token, "confirm": checks}

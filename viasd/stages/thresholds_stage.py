@@ -39,6 +39,7 @@ from ..search.thresholds import (
     searched_space,
     tune_thresholds,
 )
+from ..search.wall_calibration import calibrated
 from ..search.workers import SERIAL, Worker, completed_points
 from ..study.cells import engine_options, search_base
 from ..study.paths import router_paths, threshold_paths
@@ -51,7 +52,8 @@ log = logging.getLogger(__name__)
 
 # the cost model's version, part of a search's signature: a search costed under another model (v1: one
 # cost per runner layout, prefill averaged in) is not resumed or reused but run again
-COST_MODEL = "v3: per layout and width, prefill excluded, the decode loop's per-block work"
+COST_MODEL = ("v4: per layout and width, prefill excluded, the decode loop's per-block work, calibrated per gamma on "
+              "the dev decodes' wall time")
 
 WARM_START = 4  # an ablation slim's search first tries the DIMR slim's cheapest feasible tiered policies
 
@@ -266,7 +268,8 @@ def search_signature(params: Params, pair: str, task: str, slim: str, cfg: Thres
     return json.loads(json.dumps(signature))
 
 
-DEV_KEYS = ("cost_per_token", "wall_per_token", "fidelity", "fidelity_se", "fidelity_lower_bound", "groups", "nll",
+DEV_KEYS = ("cost_per_token", "cost_model_per_token", "wall_factor", "wall_per_token", "decode_wall_per_token",
+            "fidelity", "fidelity_se", "fidelity_lower_bound", "groups", "nll",
             "agreement", "task_metric", "task_score", "task_score_ar", "task_drop", "rejection_rate", "acceptance_rate",
             "block_escalation_rate", "gated_rate", "full_passes_per_token", "position_pass_rates", "passes_per_token",
             "pass_widths_per_token", "speedup_model_vs_ar")
@@ -304,6 +307,8 @@ def result_json(out: dict, cfg: ThresholdConfig, oracle: dict | None, signature:
         "quality_constraints": asdict(cfg.quality),
         "trials": sum(1 for t in out["trials"] if not t["tiers_off"] and t.get("search") is None),
         "pass_cost_model": costs_to_json(out["pass_cost"]), "ar_seconds_per_token": out["ar_seconds_per_token"],
+        # per gamma: the dev decodes' wall time over their modelled cost, which every cost above is multiplied by
+        "wall_factors": {str(g): f for g, f in out.get("wall_factors", {}).items()},
         "signature": signature,
     }
 
@@ -359,10 +364,13 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     best = out["best"]
     common.setdefault("trials", {})[slim] = out["trials"]
     # the oracle router on the same dev prompts (greedy searches of the DIMR slim): the ceiling a router has
-    oracle = min(oracle_points(dev, cfg), key=lambda t: t["cost_per_token"]) if slim == "main" and \
-        dev.base.sampling.greedy else None
+    # (its cost calibrated with the search's factors, as every candidate's)
+    factors = out["wall_factors"]
+    oracle = min((calibrated(p, factors) for p in oracle_points(dev, cfg)), key=lambda t: t["cost_per_token"]) \
+        if slim == "main" and dev.base.sampling.greedy else None
     # and the budgeted oracle at the fidelity floor: the ceiling of a router that spends the same fidelity
     at_floor = budgeted_oracle_point(dev, cfg, oracle["gamma"]) if oracle is not None else None
+    at_floor = calibrated(at_floor, factors) if at_floor is not None else None
     result = {**result_json(out, cfg, oracle, signature, at_floor), "task": task, "pair": pair.name, "slim": slim,
               "confirm": {"prompts": len(held_out), "checks": out["confirm"]}}
     if best["tiers_off"]:

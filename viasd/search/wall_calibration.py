@@ -1,0 +1,46 @@
+"""The cost model calibrated on the dev decodes' wall time, per block length γ (docs/method.md, "Threshold
+tuning", "The cost model calibrated on wall time").
+
+The per-pass model (`search.pass_cost`) prices every decoding pass by its layout and width, fitted on the
+passes of a few probe decodes. It leaves out what a pass costs because of the passes around it: on a CPU a
+draft pass right after a full-model pass finds its weights evicted, and a short block switches models more
+often per token than a long one. Measured on the default family (12 continuation prompts, costs fitted on those
+very decodes, so the fit itself is as good as it gets), the model put `sd` at γ 2 at 0.91–0.98 of its wall time
+and at γ 6 at 1.07–1.12, `viasd` likewise (0.90–0.95 at γ 2, 1.09 at γ 4): per γ, tiered or not, the same
+error. A search ranking γ 2 against γ 4 on the model alone picks the short blocks the clock does not reward.
+
+The calibration is one factor per γ: the dev decodes' wall time, prefill left out as in the model, over their
+modelled cost, pooled over every decode of the search at that γ (SD's points and every trial, weighted by
+prompts decoded), so each factor averages many decodes' timing noise. A point's calibrated cost is its modelled
+cost times its γ's factor: what the choice ranks (`choice.choose`) and what the thresholds file reports. The
+search's sampler still minimises the model (the factors exist only once the trials have run). Where several
+machines share a search (workers), their walls pool into one factor: the model's costs are one machine's too.
+"""
+
+from __future__ import annotations
+
+MODEL_KEY = "cost_model_per_token"  # a calibrated point keeps its uncalibrated model cost here
+
+
+def wall_factors(points: list[dict]) -> dict[int, float]:
+    """Per γ, `sum(prompts * decode_wall_per_token) / sum(prompts * model cost)` over the `points` that carry
+    both (the model cost is `cost_model_per_token` where a point was calibrated before, else `cost_per_token`).
+    A γ without such a point gets no factor."""
+    sums: dict[int, list[float]] = {}
+    for p in points:
+        wall, model = p.get("decode_wall_per_token"), p.get(MODEL_KEY, p.get("cost_per_token"))
+        if not wall or not model or p.get("oracle"):
+            continue
+        weight = p.get("prompts") or 1
+        entry = sums.setdefault(int(p["gamma"]), [0.0, 0.0])
+        entry[0] += weight * wall
+        entry[1] += weight * model
+    return {g: w / m for g, (w, m) in sorted(sums.items()) if m > 0}
+
+
+def calibrated(point: dict, factors: dict[int, float]) -> dict:
+    """`point` with `cost_per_token` its model cost times its γ's factor (1 where there is none), the model
+    cost kept as `cost_model_per_token` and the factor as `wall_factor`."""
+    model = point.get(MODEL_KEY, point["cost_per_token"])
+    factor = factors.get(int(point["gamma"]), 1.0)
+    return {**point, MODEL_KEY: model, "wall_factor": factor, "cost_per_token": model * factor}
