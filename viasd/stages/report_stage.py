@@ -134,7 +134,7 @@ def stage_times(benchmarks: Path) -> str | None:
 SLIM_COLUMNS = (("slim", "slim"), ("layers", "kept layers"), ("tiers_off", "tiers off (= SD)"), ("gamma", "γ"),
                 ("tau_accept", "τ_accept"), ("tau_slim", "τ_slim"), ("score", "score"), ("confidence", "confidence"),
                 ("gate", "gate"), ("max_lag", "max lag"), ("verify_lagged", "verify lagged"),
-                ("cost_ms_per_token", "cost ms/token (model)"), ("cost_vs_sd", "cost vs sd"),
+                ("cost_ms_per_token", "cost ms/token (calibrated)"), ("wall_factor", "wall factor"), ("cost_vs_sd", "cost vs sd"),
                 ("wall_ms_per_token", "wall ms/token"), ("rejection_rate", "rejection rate"),
                 ("slim_passes_per_token", "slim passes/token"), ("full_passes_per_token", "full passes/token"),
                 ("fidelity", "fidelity"), ("fidelity_lower_bound", "fidelity lower bound"),
@@ -158,6 +158,7 @@ def slim_rows(params: Params, pair: str, task: str) -> list[dict]:
                      **{k: tuned.get(k) for k in ("tiers_off", "gamma", "tau_accept", "tau_slim", "score", "confidence",
                                                   "gate", "max_lag", "verify_lagged", "cost_vs_sd")},
                      **{f"{k}_ms_per_token": 1000 * tuned["dev"][f"{k}_per_token"] for k in ("cost", "wall")},
+                     "wall_factor": tuned["dev"].get("wall_factor"),
                      **{k: tuned["dev"].get(k) for k in ("rejection_rate", "full_passes_per_token", "fidelity",
                                                          "fidelity_lower_bound", "task_drop", "task_drop_se",
                                                          "agreement")},
@@ -348,7 +349,9 @@ def run_report_stage(params: Params) -> dict:
                     positions, oracle_headroom(evals, main_costs(params, pair, task)),
                     f"Slim verifiers on the dev split, each with thresholds tuned for it ({bounds}; tiers off = plain "
                     "SD is always a candidate); cost/token is the cost model (draft, slim and full passes at "
-                    "per-pass costs measured once, in the DIMR mask's search, and shared):\n", slims_md,
+                    "per-pass costs measured once, in the DIMR mask's search, and shared) times the wall factor of "
+                    "its γ (the search's dev decodes' wall time over their modelled cost, prefill left out):\n",
+                    slims_md,
                     "The cost model's pass costs (fitted per runner layout on probe decodes at every searched γ, "
                     "the prompt's prefill left out; `target:12` is a full pass, `trunk:k` and `target:L-k` a pass "
                     "split by reuse, `slim:0` the early exit's head; the draft feeds one token per pass, so its wider "
