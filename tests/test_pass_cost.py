@@ -1,4 +1,5 @@
-"""The cost model's per-layout, per-width pass costs: the fit, the prefill left out, and the pricing."""
+"""The cost model's per-layout, per-width pass costs: the fit, the prefill left out, the pricing, and the
+calibration per gamma on the decodes' wall time."""
 
 import pytest
 
@@ -72,44 +73,17 @@ def test_decode_seconds_leave_out_the_prefill_and_the_encoding():
 
 
 def test_the_wall_factor_per_gamma_pools_the_decodes_weighted_by_prompts():
-    """Per gamma: sum(prompts x wall) / sum(prompts x model), over every point with both (SD's and trials,
-    an oracle's left out); a recalibration starts from the model cost a point kept, not from its calibrated one."""
+    """Per gamma: sum(prompts x wall) / sum(prompts x model) over every point; a recalibration (a competing
+    search's trials come calibrated) starts from the model cost a point kept, not from its calibrated one."""
     from viasd.search.wall_calibration import calibrated, wall_factors
 
     points = [{"gamma": 2, "cost_per_token": 1.0, "decode_wall_per_token": 1.2, "prompts": 3},
               {"gamma": 2, "cost_per_token": 2.0, "decode_wall_per_token": 2.0, "prompts": 1},  # a pruned trial
-              {"gamma": 4, "cost_per_token": 1.0, "decode_wall_per_token": 0.9, "prompts": 4},
-              {"gamma": 4, "cost_per_token": 0.5, "decode_wall_per_token": 5.0, "prompts": 4, "oracle": True},
-              {"gamma": 6, "cost_per_token": 1.0, "decode_wall_per_token": None, "prompts": 4}]
+              {"gamma": 4, "cost_per_token": 1.0, "decode_wall_per_token": 0.9, "prompts": 4}]
     factors = wall_factors(points)
     assert factors == pytest.approx({2: (3 * 1.2 + 2.0) / (3 * 1.0 + 2.0), 4: 0.9})
     once = [calibrated(p, factors) for p in points]
     assert once[0]["cost_per_token"] == pytest.approx(1.12) and once[0]["cost_model_per_token"] == 1.0
-    assert once[4]["cost_per_token"] == 1.0 and once[4]["wall_factor"] == 1.0  # no factor at gamma 6
+    assert once[2]["cost_per_token"] == pytest.approx(0.9)
     again = [calibrated(p, wall_factors(once)) for p in once]
     assert [p["cost_per_token"] for p in again] == pytest.approx([p["cost_per_token"] for p in once])
-
-
-def test_the_choice_ranks_the_calibrated_costs():
-    """The model puts the tiered trial at gamma 2 cheapest (0.80 of SD at gamma 4); the wall time of the dev
-    decodes says gamma 2 runs 20 % over its model and gamma 4 5 % under: calibrated, the gamma 4 trial (0.85 of
-    the model's SD) is the one to take."""
-    from viasd.metrics.quality import QualityConstraints
-    from viasd.search.choice import choose
-    from viasd.search.thresholds import ThresholdConfig
-    from viasd.search.wall_calibration import calibrated, wall_factors
-
-    cfg = ThresholdConfig(quality=QualityConstraints(min_fidelity=0.95, max_task_drop=None))
-
-    def point(number, gamma, model, wall, tiers_off=False):
-        return {"number": number, "gamma": gamma, "tiers_off": tiers_off, "cost_per_token": model,
-                "decode_wall_per_token": wall, "prompts": 24, "fidelity": 0.99, "fidelity_se": 0.001,
-                "task_drop": None, "violations": {}, "feasible": True}
-
-    points = [point(None, 2, 1.10, 1.32, True), point(None, 4, 1.00, 0.95, True), point(1, 2, 0.80, 0.96),
-              point(2, 4, 0.85, 0.8075)]
-    assert choose(points, cfg)[0]["number"] == 1  # the model alone
-    factors = wall_factors(points)
-    assert factors == pytest.approx({2: 1.2, 4: 0.95})
-    best, _ = choose([calibrated(p, factors) for p in points], cfg)
-    assert best["number"] == 2 and best["cost_per_token"] == pytest.approx(0.8075)

@@ -207,3 +207,28 @@ def test_costs_the_model_cannot_tell_apart_are_ranked_by_fidelity_margin():
     near_sd = point(6, 0.975, 0.999)
     assert choose([sd, point(7, 0.96, 0.97), near_sd], cfg)[0]["number"] == 7
     assert rank_candidates([], cfg) == []
+
+
+def test_the_choice_ranks_the_calibrated_costs():
+    """The model puts the tiered trial at gamma 2 cheapest (0.80 of SD at gamma 4); the wall time of the dev
+    decodes says gamma 2 runs 20 % over its model and gamma 4 5 % under: calibrated, the gamma 4 trial (0.85 of
+    the model's SD) is the one to take."""
+    from viasd.metrics.quality import QualityConstraints
+    from viasd.search.choice import choose
+    from viasd.search.thresholds import ThresholdConfig
+    from viasd.search.wall_calibration import calibrated, wall_factors
+
+    cfg = ThresholdConfig(quality=QualityConstraints(min_fidelity=0.95, max_task_drop=None))
+
+    def point(number, gamma, model, wall, tiers_off=False):
+        return {"number": number, "gamma": gamma, "tiers_off": tiers_off, "cost_per_token": model,
+                "decode_wall_per_token": wall, "prompts": 24, "fidelity": 0.99, "fidelity_se": 0.001,
+                "task_drop": None, "violations": {}, "feasible": True}
+
+    points = [point(None, 2, 1.10, 1.32, True), point(None, 4, 1.00, 0.95, True), point(1, 2, 0.80, 0.96),
+              point(2, 4, 0.85, 0.8075)]
+    assert choose(points, cfg)[0]["number"] == 1  # the model alone
+    factors = wall_factors(points)
+    assert factors == pytest.approx({2: 1.2, 4: 0.95})
+    best, _ = choose([calibrated(p, factors) for p in points], cfg)
+    assert best["number"] == 2 and best["cost_per_token"] == pytest.approx(0.8075)

@@ -32,7 +32,7 @@ from .pass_cost import (
     costs_to_json,
     split_key,
 )
-from .wall_calibration import MODEL_KEY, calibrated, wall_factors
+from .wall_calibration import calibrated, wall_factors
 from .workers import SERIAL, Worker, run_trials
 
 log = logging.getLogger(__name__)
@@ -195,7 +195,6 @@ def budgeted_oracle_point(dev: DevSet, cfg: ThresholdConfig, gamma: int) -> dict
 def _recosted(point: dict, dev: DevSet) -> dict:
     """A measured point's cost under `dev`'s per-pass costs (its passes are the same)."""
     cost = cost_per_token(point["pass_widths_per_token"], dev.pass_cost)
-    point = {k: v for k, v in point.items() if k not in (MODEL_KEY, "wall_factor")}  # a model cost, uncalibrated
     return {**point, "cost_per_token": cost, "speedup_model_vs_ar": dev.full_pass_cost() / cost if cost else None}
 
 

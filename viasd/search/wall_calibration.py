@@ -24,25 +24,25 @@ from __future__ import annotations
 MODEL_KEY = "cost_model_per_token"  # a calibrated point keeps its uncalibrated model cost here
 
 
+def model_cost(point: dict) -> float:
+    """A point's uncalibrated model cost per token: `cost_model_per_token` once it was calibrated (the competing
+    search's trials come calibrated with that search's factors), else `cost_per_token`."""
+    return point.get(MODEL_KEY, point["cost_per_token"])
+
+
 def wall_factors(points: list[dict]) -> dict[int, float]:
-    """Per γ, `sum(prompts * decode_wall_per_token) / sum(prompts * model cost)` over the `points` that carry
-    both (the model cost is `cost_model_per_token` where a point was calibrated before, else `cost_per_token`).
-    A γ without such a point gets no factor."""
+    """Per γ, `sum(prompts * decode_wall_per_token) / sum(prompts * model cost)` over `points` (`DevSet.evaluate`
+    measures: every one carries its prefill-free wall time and the prompts it decoded)."""
     sums: dict[int, list[float]] = {}
     for p in points:
-        wall, model = p.get("decode_wall_per_token"), p.get(MODEL_KEY, p.get("cost_per_token"))
-        if not wall or not model or p.get("oracle"):
-            continue
-        weight = p.get("prompts") or 1
         entry = sums.setdefault(int(p["gamma"]), [0.0, 0.0])
-        entry[0] += weight * wall
-        entry[1] += weight * model
-    return {g: w / m for g, (w, m) in sorted(sums.items()) if m > 0}
+        entry[0] += p["prompts"] * p["decode_wall_per_token"]
+        entry[1] += p["prompts"] * model_cost(p)
+    return {g: w / m for g, (w, m) in sorted(sums.items())}
 
 
 def calibrated(point: dict, factors: dict[int, float]) -> dict:
-    """`point` with `cost_per_token` its model cost times its γ's factor (1 where there is none), the model
-    cost kept as `cost_model_per_token` and the factor as `wall_factor`."""
-    model = point.get(MODEL_KEY, point["cost_per_token"])
-    factor = factors.get(int(point["gamma"]), 1.0)
-    return {**point, MODEL_KEY: model, "wall_factor": factor, "cost_per_token": model * factor}
+    """`point` with `cost_per_token` its model cost times its γ's factor, the model cost kept as
+    `cost_model_per_token` (the factor itself is the search's `wall_factors[γ]`)."""
+    model = model_cost(point)
+    return {**point, MODEL_KEY: model, "cost_per_token": model * factors[int(point["gamma"])]}

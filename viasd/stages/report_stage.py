@@ -158,7 +158,7 @@ def slim_rows(params: Params, pair: str, task: str) -> list[dict]:
                      **{k: tuned.get(k) for k in ("tiers_off", "gamma", "tau_accept", "tau_slim", "score", "confidence",
                                                   "gate", "max_lag", "verify_lagged", "cost_vs_sd")},
                      **{f"{k}_ms_per_token": 1000 * tuned["dev"][f"{k}_per_token"] for k in ("cost", "wall")},
-                     "wall_factor": tuned["dev"].get("wall_factor"),
+                     "wall_factor": tuned["wall_factors"][str(tuned["gamma"])],
                      **{k: tuned["dev"].get(k) for k in ("rejection_rate", "full_passes_per_token", "fidelity",
                                                          "fidelity_lower_bound", "task_drop", "task_drop_se",
                                                          "agreement")},

@@ -268,7 +268,7 @@ def search_signature(params: Params, pair: str, task: str, slim: str, cfg: Thres
     return json.loads(json.dumps(signature))
 
 
-DEV_KEYS = ("cost_per_token", "cost_model_per_token", "wall_factor", "wall_per_token", "decode_wall_per_token",
+DEV_KEYS = ("cost_per_token", "cost_model_per_token", "wall_per_token", "decode_wall_per_token",
             "fidelity", "fidelity_se", "fidelity_lower_bound", "groups", "nll",
             "agreement", "task_metric", "task_score", "task_score_ar", "task_drop", "rejection_rate", "acceptance_rate",
             "block_escalation_rate", "gated_rate", "full_passes_per_token", "position_pass_rates", "passes_per_token",
@@ -308,7 +308,7 @@ def result_json(out: dict, cfg: ThresholdConfig, oracle: dict | None, signature:
         "trials": sum(1 for t in out["trials"] if not t["tiers_off"] and t.get("search") is None),
         "pass_cost_model": costs_to_json(out["pass_cost"]), "ar_seconds_per_token": out["ar_seconds_per_token"],
         # per gamma: the dev decodes' wall time over their modelled cost, which every cost above is multiplied by
-        "wall_factors": {str(g): f for g, f in out.get("wall_factors", {}).items()},
+        "wall_factors": {str(g): f for g, f in out["wall_factors"].items()},
         "signature": signature,
     }
 
@@ -370,7 +370,7 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
         if slim == "main" and dev.base.sampling.greedy else None
     # and the budgeted oracle at the fidelity floor: the ceiling of a router that spends the same fidelity
     at_floor = budgeted_oracle_point(dev, cfg, oracle["gamma"]) if oracle is not None else None
-    at_floor = calibrated(at_floor, factors) if at_floor is not None else None
+    at_floor = at_floor and calibrated(at_floor, factors)
     result = {**result_json(out, cfg, oracle, signature, at_floor), "task": task, "pair": pair.name, "slim": slim,
               "confirm": {"prompts": len(held_out), "checks": out["confirm"]}}
     if best["tiers_off"]:
