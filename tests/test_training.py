@@ -263,7 +263,13 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     for name in ("hf_ar", "hf_assisted", "ar", "sd", "cascade_sd"):
         q = result["methods"][name]["quality"]
         assert q["fidelity"] == 1.0 and q["task_metric"] == "chrf" and q["task_drop"] == 0.0
-    assert 0 <= result["methods"]["viasd"]["quality"]["fidelity"] <= 1
+        assert q["outputs_differing"] == 0
+    viasd_q = result["methods"]["viasd"]["quality"]
+    assert 0 <= viasd_q["fidelity"] <= 1 and 0 <= viasd_q["outputs_differing"] <= result["prompts"]
+    # a task drop can only come from prompts whose output differs from ar's
+    assert viasd_q["outputs_differing"] > 0 or viasd_q["task_drop"] == 0.0
+    assert f"| {viasd_q['outputs_differing']}/{result['prompts']} |" in \
+        bench_paths(params, "smoke", "stdlib_continuation")["md"].read_text()
     assert {"viasd_vs_sd_model", "sd_vs_ar_model"} <= set(result["ratios_model"])
     assert {"draft:1", "target:4"} <= set(result["pass_cost_model"])  # sd's full passes of the 4-layer target
 

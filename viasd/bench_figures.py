@@ -168,9 +168,9 @@ def _closed_form(s: DecodeStats, step: float) -> float | None:
 
 
 def markdown(result: dict, title: str) -> str:
-    lines = [f"# {title}\n", "| method | tokens/s (median) | min–max | fidelity | task metric | task drop (SE) | "
+    lines = [f"# {title}\n", "| method | tokens/s (median) | min–max | fidelity | outputs ≠ ar | task metric | task drop (SE) | "
              "acceptance | mean acc. length | target passes/token | slim passes/token | draft passes/token | peak MB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(x, p=3):
         return "–" if x is None else f"{x:.{p}f}"
@@ -179,12 +179,16 @@ def markdown(result: dict, title: str) -> str:
         se = q.get("task_drop_se")
         return f(q.get("task_drop"), 2) + ("" if se is None else f" ({se:.2f})")
 
+    def differing(q):  # the prompts whose output is not the reference method's, of all
+        n = q.get("outputs_differing")
+        return "–" if n is None else f"{n}/{result.get('prompts', '?')}"
+
     for name, row in result["methods"].items():
         tps = row["tokens_per_second"]
         fp = row["forward_passes_per_token"]
         q = row.get("quality") or {}
         lines.append(f"| {name} | {f(tps['median'], 1)} | {f(tps['min'], 1)}–{f(tps['max'], 1)} | "
-                     f"{f(q.get('fidelity'))} | {f(q.get('task_score'), 2)} | {drop(q)} | "
+                     f"{f(q.get('fidelity'))} | {differing(q)} | {f(q.get('task_score'), 2)} | {drop(q)} | "
                      f"{f(row['acceptance_rate'])} | {f(row['mean_accepted_length'])} | {f(fp.get('target'))} | "
                      f"{f(fp.get('slim'))} | {f(fp.get('draft'))} | {f(row['peak_memory_mb'], 0)} |")
     for tie in result.get("numerical_ties", []):

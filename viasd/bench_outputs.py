@@ -29,7 +29,9 @@ def quality_of(models: ModelSet, prompts: list[list[int]], tokens: dict[str, lis
     output; as `policy` processes it, with its generation settings) and, with `references` and `metric`,
     the task metric of its texts and `task_drop` in points against the reference method's (`ar`, else
     `hf_ar`) with its standard error (`task_drop_se`, `evaluation.task_drop_standard_error`): the quality beside
-    every speed figure."""
+    every speed figure. `outputs_differing`: how many of the prompts' outputs differ from the reference method's
+    at all (the only prompts a drop can come from; a lossy token changes the rest of a greedy output, so this
+    share, not the fidelity, sets how noisy the drop is)."""
     from .decoding.policy import DecodePolicy
     from .evaluation import metric_score, task_drop_standard_error
     from .metrics.quality import task_drop
@@ -48,6 +50,8 @@ def quality_of(models: ModelSet, prompts: list[list[int]], tokens: dict[str, lis
             out[name]["texts"] = texts
     base = next((n for n in ("ar", "hf_ar") if n in out), None)
     for name, row in out.items():
+        if base is not None:  # the prompts a task drop can come from: a greedy output equal to the base's scores the same
+            row["outputs_differing"] = sum(a != b for a, b in zip(tokens[name], tokens[base]))
         if "task_score" in row and base is not None:
             row["task_drop"] = task_drop(metric, out[base]["task_score"], row["task_score"])
             # paired, each prompt its own unit (the bench's prompts are cut from different files)
