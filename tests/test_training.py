@@ -263,11 +263,15 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     for name in ("hf_ar", "hf_assisted", "ar", "sd", "cascade_sd"):
         q = result["methods"][name]["quality"]
         assert q["fidelity"] == 1.0 and q["task_metric"] == "chrf" and q["task_drop"] == 0.0
-        assert q["outputs_differing"] == 0
+    # in float32 greedy decoding an output equals ar's exactly where every token was the target's greedy choice
+    # given its prefix: no differing output without a fidelity below 1, and none below 1 without one (spec_cascade
+    # is lossy whatever the thresholds)
+    for name, row in result["methods"].items():
+        q = row["quality"]
+        assert 0 <= q["outputs_differing"] <= result["prompts"]
+        assert (q["outputs_differing"] == 0) == (q["fidelity"] == 1.0), name
+    assert result["methods"]["spec_cascade"]["quality"]["outputs_differing"] > 0
     viasd_q = result["methods"]["viasd"]["quality"]
-    assert 0 <= viasd_q["fidelity"] <= 1 and 0 <= viasd_q["outputs_differing"] <= result["prompts"]
-    # a task drop can only come from prompts whose output differs from ar's
-    assert viasd_q["outputs_differing"] > 0 or viasd_q["task_drop"] == 0.0
     assert f"| {viasd_q['outputs_differing']}/{result['prompts']} |" in \
         bench_paths(params, "smoke", "stdlib_continuation")["md"].read_text()
     assert {"viasd_vs_sd_model", "sd_vs_ar_model"} <= set(result["ratios_model"])

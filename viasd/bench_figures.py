@@ -181,7 +181,7 @@ def markdown(result: dict, title: str) -> str:
 
     def differing(q):  # the prompts whose output is not the reference method's, of all
         n = q.get("outputs_differing")
-        return "–" if n is None else f"{n}/{result.get('prompts', '?')}"
+        return "–" if n is None else f"{n}/{result['prompts']}"
 
     for name, row in result["methods"].items():
         tps = row["tokens_per_second"]

@@ -49,10 +49,10 @@ def quality_of(models: ModelSet, prompts: list[list[int]], tokens: dict[str, lis
             out[name]["task_score"] = metric_score(TaskSpec("bench", (metric,)), metric, examples, texts)
             out[name]["texts"] = texts
     base = next((n for n in ("ar", "hf_ar") if n in out), None)
-    for name, row in out.items():
-        if base is not None:  # the prompts a task drop can come from: a greedy output equal to the base's scores the same
-            row["outputs_differing"] = sum(a != b for a, b in zip(tokens[name], tokens[base]))
-        if "task_score" in row and base is not None:
+    for name, row in (out.items() if base is not None else ()):
+        # the prompts a task drop can come from: an output equal to the base's scores the same
+        row["outputs_differing"] = sum(a != b for a, b in zip(tokens[name], tokens[base]))
+        if "task_score" in row:
             row["task_drop"] = task_drop(metric, out[base]["task_score"], row["task_score"])
             # paired, each prompt its own unit (the bench's prompts are cut from different files)
             row["task_drop_se"] = None if name == base else task_drop_standard_error(
