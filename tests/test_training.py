@@ -334,6 +334,28 @@ def test_bench_refuses_a_speedup_when_outputs_differ(study):
         run_benchmark(models, prompts, methods, 10, repeats=1, progress=False)
 
 
+def test_bench_rounds_interleave_the_methods_by_prompt():
+    """A timed round runs every method on a prompt before the next prompt, in the orders of a Williams design:
+    over n consecutive prompts (2n for odd n) each method runs in each place equally often and directly after
+    each other method equally often, whichever prompt and round the run of prompts starts at."""
+    from collections import Counter
+
+    from viasd.benchmark import interleaved
+
+    for n in (2, 3, 4, 5, 6):
+        methods = [f"m{j}" for j in range(n)]
+        span = n if n % 2 == 0 else 2 * n
+        for r, start in ((0, 0), (1, 0), (2, 3)):
+            orders = [interleaved(methods, r, i) for i in range(start, start + span)]
+            assert all(sorted(o) == methods for o in orders)
+            places = Counter((j, m) for o in orders for j, m in enumerate(o))
+            assert set(places.values()) == {span // n}
+            after = Counter((a, b) for o in orders for a, b in zip(o, o[1:]))
+            assert len(after) == n * (n - 1) and set(after.values()) == {span // n}
+    assert interleaved(["ar"], 1, 7) == ["ar"]
+    assert interleaved(["ar", "sd", "viasd", "viasd_oracle"], 0, 0) == ["ar", "sd", "viasd_oracle", "viasd"]
+
+
 def test_bench_accepts_only_numerical_ties():
     """A lossless method may part from the reference only where the target's two logits are equal to
     within its rounding noise: here an exact tie (the lm_head row of one token copied onto another),

@@ -3,8 +3,9 @@
 One process, one model load, the same prompts; greedy, batch 1, no stop rule (every method makes
 exactly `max_new_tokens` tokens, so tokens/s compare like with like). Before any timing, the
 lossless methods and `hf_ar` must produce the same tokens on every prompt, else `BenchError`.
-Then `repeats` rounds run every method over all prompts, the order reversed every other round,
-after a warm-up round; a method's tokens/s per round is its tokens over its wall time.
+Then `repeats` rounds run every method over all prompts, after a warm-up round, interleaved by prompt
+(every method decodes a prompt before any decodes the next, in the balanced orders of a Williams design);
+a method's tokens/s per round is its tokens over its wall time on the round's prompts.
 
 The checks on the outputs (same tokens for the lossless methods, numerical ties in reduced
 precision) and their quality (fidelity, task metric) are in `bench_outputs`.
@@ -274,24 +275,53 @@ def run_benchmark(models: ModelSet, prompts: list[list[int]], methods: list[Benc
     ties = check_outputs(models, prompts, tokens)
     # every method's policy carries the same generation settings: the target as they process it scores all
     quality = quality_of(models, prompts, tokens, references, metric, next((m.policy for m in methods if m.policy), None))
-    # timed rounds, alternating order
+    # timed rounds, interleaved by prompt: every method decodes prompt i before any decodes prompt i + 1, in a
+    # balanced order (`interleaved`), so a slow spell of the machine (seconds long on a shared CPU) falls on every
+    # method alike and a round's ratios compare the same moments
     seconds: dict[str, list[float]] = {m.name: [] for m in methods}
     peeks: dict[str, list[float]] = {m.name: [] for m in oracles}  # each timed round's peek seconds, timed apart
     n_tokens = max_new_tokens * len(prompts)
     for r in tqdm(range(repeats), desc="bench: timed rounds", disable=not progress, leave=False):
-        for method in (methods if r % 2 == 0 else list(reversed(methods))):
-            _sync(device)
-            start = time.perf_counter()
-            outs = [timed[method.name](prompt) for prompt in prompts]
-            _sync(device)
-            seconds[method.name].append(time.perf_counter() - start)
-            if method in oracles:
-                peeks[method.name].append(sum(out.stats.peek_time_s for out in outs))
+        spent = dict.fromkeys(seconds, 0.0)
+        peeked = dict.fromkeys(peeks, 0.0)
+        for i, prompt in enumerate(prompts):
+            for method in interleaved(methods, r, i):
+                _sync(device)
+                start = time.perf_counter()
+                out = timed[method.name](prompt)
+                _sync(device)
+                spent[method.name] += time.perf_counter() - start
+                if method in oracles:
+                    peeked[method.name] += out.stats.peek_time_s
+        for name in seconds:
+            seconds[name].append(spent[name])
+        for name in peeks:
+            peeks[name].append(peeked[name])
     result = summarise(methods, seconds, n_tokens, stats, counts, memory, peeks)
     for name, row in result["methods"].items():
         row["quality"] = quality[name]
     result["numerical_ties"] = ties
     return result
+
+
+def interleaved(methods: list, round_: int, prompt: int) -> list:
+    """The order the methods decode prompt `prompt` in timed round `round_`: row `prompt + round_` of a Williams
+    design (a balanced Latin square). Over `n` consecutive prompts (`2n` for an odd number `n` of methods) each
+    method runs in each place equally often and directly after each other method equally often, so neither a
+    slow spell of the machine nor what the previous decode left in the caches favours one method."""
+    n = len(methods)
+    if n < 2:
+        return list(methods)
+    first, lo, hi = [0], 1, n - 1  # 0, 1, n-1, 2, n-2, ...
+    while len(first) < n:
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    k = (prompt + round_) % (n if n % 2 == 0 else 2 * n)
+    row = [methods[(j + k) % n] for j in first]
+    return row if k < n else row[::-1]
 
 
 def per_token_seconds(models: ModelSet, methods: list[BenchMethod], prompts: list[list[int]], steps: int = 32,
