@@ -275,12 +275,25 @@ def run_benchmark(models: ModelSet, prompts: list[list[int]], methods: list[Benc
     ties = check_outputs(models, prompts, tokens)
     # every method's policy carries the same generation settings: the target as they process it scores all
     quality = quality_of(models, prompts, tokens, references, metric, next((m.policy for m in methods if m.policy), None))
-    # timed rounds, interleaved by prompt: every method decodes prompt i before any decodes prompt i + 1, in a
-    # balanced order (`interleaved`), so a slow spell of the machine (seconds long on a shared CPU) falls on every
-    # method alike and a round's ratios compare the same moments
+    seconds, peeks = _timed_rounds(methods, timed, prompts, repeats, oracles, device, progress)
+    result = summarise(methods, seconds, max_new_tokens * len(prompts), stats, counts, memory, peeks)
+    for name, row in result["methods"].items():
+        row["quality"] = quality[name]
+    result["numerical_ties"] = ties
+    return result
+
+
+def _timed_rounds(methods: list[BenchMethod], timed: dict[str, Callable], prompts: list[list[int]], repeats: int,
+                  oracles: list[BenchMethod], device: torch.device, progress: bool
+                  ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Per method its wall seconds in each of `repeats` rounds over `prompts`, and per oracle each round's peek
+    seconds (timed apart). Interleaved by prompt: every method decodes prompt i before any decodes prompt i + 1, in a
+    balanced order (`interleaved`), so a slow spell of the machine (seconds long on a shared CPU) falls on every
+    method alike and a round's ratios compare the same moments."""
+    from tqdm.auto import tqdm
+
     seconds: dict[str, list[float]] = {m.name: [] for m in methods}
-    peeks: dict[str, list[float]] = {m.name: [] for m in oracles}  # each timed round's peek seconds, timed apart
-    n_tokens = max_new_tokens * len(prompts)
+    peeks: dict[str, list[float]] = {m.name: [] for m in oracles}
     for r in tqdm(range(repeats), desc="bench: timed rounds", disable=not progress, leave=False):
         spent = dict.fromkeys(seconds, 0.0)
         peeked = dict.fromkeys(peeks, 0.0)
@@ -297,11 +310,7 @@ def run_benchmark(models: ModelSet, prompts: list[list[int]], methods: list[Benc
             seconds[name].append(spent[name])
         for name in peeks:
             peeks[name].append(peeked[name])
-    result = summarise(methods, seconds, n_tokens, stats, counts, memory, peeks)
-    for name, row in result["methods"].items():
-        row["quality"] = quality[name]
-    result["numerical_ties"] = ties
-    return result
+    return seconds, peeks
 
 
 def interleaved(methods: list, round_: int, prompt: int) -> list:
