@@ -1,8 +1,10 @@
 """viasd bench: the report's shape on the smoke family, the refusal of a speedup whose outputs differ, the
-numerical-tie rule of the output check, and the balanced order of the timed rounds."""
+numerical-tie rule of the output check, and the balanced order of the timed rounds (and of the study's
+side-by-side decodes)."""
 
 import json
 import statistics
+from dataclasses import replace
 
 import pytest
 import torch
@@ -182,6 +184,45 @@ def test_bench_rounds_interleave_the_methods_by_prompt():
             assert len(after) == n * (n - 1) and set(after.values()) == {span // n}
     assert interleaved(["ar"], 1, 7) == ["ar"]
     assert interleaved(["ar", "sd", "viasd", "viasd_oracle"], 0, 0) == ["ar", "sd", "viasd_oracle", "viasd"]
+
+
+class _Logged:
+    """A ModelSet that writes the name of each run it decodes for into a shared log (what it decodes is the model
+    set's own: every call goes through)."""
+
+    def __init__(self, models, name, log):
+        self._models, self._name, self._log = models, name, log
+
+    def generate(self, prompt, policy, **kw):
+        self._log.append((self._name, "oracle_reference" in kw))
+        return self._models.generate(prompt, policy, **kw)
+
+    def __getattr__(self, attr):
+        return getattr(self._models, attr)
+
+
+def test_study_decodes_side_by_side_in_the_benchs_balanced_order(model_sets, tokenizer):
+    """The decode stage takes its runs' turns on each prompt in the bench's Williams order (`ar` among them); the
+    oracle decodes after them all and reads `ar`'s greedy output instead of peeking; the warm-up comes first."""
+    from viasd import DecodePolicy
+    from viasd.evaluation import decode_side_by_side
+    from viasd.run_order import interleaved
+    from viasd.tasks.base import Example
+
+    models = model_sets("llama")
+    log: list = []
+    policy = DecodePolicy(gamma=3, max_new_tokens=6, eos_token_ids=())
+    cells = {name: (_Logged(models, name, log), replace(policy, **kw)) for name, kw in
+             (("sd", {"method": "sd"}), ("viasd", {"method": "viasd"}), ("oracle", {"method": "viasd", "router": "oracle"}))}
+    examples = [Example(id=str(i), prompt=f"def f{i}(x):\n", reference="") for i in range(6)]
+    rows, _, ref_rows, _ = decode_side_by_side(_Logged(models, None, log), replace(policy, method="ar"), cells, examples,
+                                               progress=False, warmup_tokens=2)
+    assert log[:4] == [(None, False), ("sd", False), ("viasd", False), ("oracle", False)]  # the warm-up
+    timed = [None, "sd", "viasd"]
+    for i, turns in enumerate(zip(*[iter(log[4:])] * 4)):
+        assert [name for name, _ in turns[:3]] == interleaved(timed, 0, i) and not any(ref for _, ref in turns[:3])
+        assert turns[3] == ("oracle", True)
+    assert [r["token_ids"] for r in rows["oracle"]] == [r["token_ids"] for r in ref_rows]
 
 
 def test_bench_accepts_only_numerical_ties():

@@ -37,6 +37,7 @@ from .decoding.seq2seq import is_encoder_decoder
 from .decoding.stats import DecodeStats
 from .errors import BenchError
 from .models import ModelSet
+from .run_order import interleaved
 
 log = logging.getLogger(__name__)
 
@@ -311,26 +312,6 @@ def _timed_rounds(methods: list[BenchMethod], timed: dict[str, Callable], prompt
         for name in peeks:
             peeks[name].append(peeked[name])
     return seconds, peeks
-
-
-def interleaved(methods: list, round_: int, prompt: int) -> list:
-    """The order the methods decode prompt `prompt` in timed round `round_`: row `prompt + round_` of a Williams
-    design (a balanced Latin square). Over `n` consecutive prompts (`2n` for an odd number `n` of methods) each
-    method runs in each place equally often and directly after each other method equally often, so neither a
-    slow spell of the machine nor what the previous decode left in the caches favours one method."""
-    n = len(methods)
-    if n < 2:
-        return list(methods)
-    first, lo, hi = [0], 1, n - 1  # 0, 1, n-1, 2, n-2, ...
-    while len(first) < n:
-        first.append(lo)
-        lo += 1
-        if len(first) < n:
-            first.append(hi)
-            hi -= 1
-    k = (prompt + round_) % (n if n % 2 == 0 else 2 * n)
-    row = [methods[(j + k) % n] for j in first]
-    return row if k < n else row[::-1]
 
 
 def per_token_seconds(models: ModelSet, methods: list[BenchMethod], prompts: list[list[int]], steps: int = 32,

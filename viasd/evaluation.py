@@ -10,6 +10,7 @@ from dataclasses import replace
 from .decoding.policy import DecodePolicy
 from .decoding.stats import DecodeStats
 from .models import ModelSet
+from .run_order import interleaved
 from .tasks.base import Example, TaskSpec
 
 
@@ -18,8 +19,9 @@ def decode_side_by_side(models: ModelSet, reference: DecodePolicy, cells: dict[s
                         warmup_tokens: int = 8) -> tuple[dict[str, list[dict]], dict[str, DecodeStats], list[dict], DecodeStats]:
     """Decode every example once with the `reference` policy (greedy `ar`) on `models` and with each
     cell's `(models, policy)`, side by side: for each example the reference and every cell run one after
-    another, in an order that rotates from one example to the next, so that all see the same machine
-    state (after a short warm-up of each); an oracle cell (`router: oracle`) decodes after the reference and
+    another, in the balanced order of `run_order.interleaved` (each run in each place, and right after each
+    other run, equally often over consecutive examples), so that all see the same machine state (after a
+    short warm-up of each); an oracle cell (`router: oracle`) decodes after the reference and
     reads its greedy output instead of peeking. The task's stop strings are added to every policy's.
 
     Returns (rows per cell, merged statistics per cell, the reference's rows, its merged statistics).
@@ -43,18 +45,17 @@ def decode_side_by_side(models: ModelSet, reference: DecodePolicy, cells: dict[s
             m.generate(prompts[0], replace(policy, max_new_tokens=min(warmup_tokens, policy.max_new_tokens)))
     # oracle cells decode each prompt after the reference and read its greedy output (`DecodeSession.oracle_targets`)
     oracles = {name for name, (_, p) in cells.items() if p.router == "oracle"}
+    timed = [entry for entry in entries if entry[0] not in oracles]  # the rest, in a balanced order per prompt
     rows: dict[str, list[dict]] = {name: [] for name in cells}
     parts: dict[str, list[DecodeStats]] = {name: [] for name in cells}
     ref_rows, ref_parts = [], []
     with tqdm(total=len(examples) * len(entries), desc=f"decode ar + {len(cells)} runs", disable=not progress,
               leave=False) as bar:
         for i, (example, prompt) in enumerate(zip(examples, prompts)):
-            shift = i % len(entries)
             results = {}
-            for name, m, policy in entries[shift:] + entries[:shift]:
-                if name not in oracles:
-                    results[name] = m.generate(prompt, policy)
-                    bar.update()
+            for name, m, policy in interleaved(timed, 0, i):
+                results[name] = m.generate(prompt, policy)
+                bar.update()
             ref = results.pop(None)
             for name, m, policy in entries:  # after ar, whose greedy output spares them their peek passes
                 if name in oracles:
