@@ -351,7 +351,7 @@ def test_position_features_by_hand():
     p = torch.tensor([[0.5, 0.25, 0.25]])
     q = torch.tensor([[0.25, 0.5, 0.25], [0.8, 0.1, 0.1]])
     x = torch.tensor([1])
-    f = position_features(p, q, x, torch.tensor([2, 0, 1, 2, 0, 1]))  # the text 2 0 1 2 0, then x
+    f = position_features(p, q, x)
     col = {name: f[:, i] for i, name in enumerate(FEATURES)}
     ln = math.log
     assert col["log_p_x"].tolist() == pytest.approx([ln(0.25), 0.0])
@@ -366,24 +366,6 @@ def test_position_features_by_hand():
     assert col["agree"].tolist() == [1.0, 0.0] and col["position"].tolist() == [0.0, 1.0]
     assert col["bonus"].tolist() == [0.0, 1.0]
     assert col["log_q_second"].tolist() == pytest.approx([ln(0.25), ln(0.1)])
-    # x = 1 after (2, 0) repeats the text's 2 0 1; the slim's 1 there too; after (0, 1) the slim's 0 is new
-    assert col["x_copies"].tolist() == [1.0, 0.0] and col["q_copies"].tolist() == [1.0, 0.0]
-
-
-def test_copy_flags_count_only_trigrams_that_end_before_the_candidate():
-    """A row's candidate copies only a trigram wholly in the text before it: the block's earlier draft tokens
-    count, the candidate's own position does not; a text shorter than two tokens has no flags."""
-    from viasd.decoding.router import copy_flags
-
-    # the text 1 1, the block's x = 1 1: row 0 follows (1, 1) with no trigram before it; row 1 follows 1 1 1,
-    # whose trigram 1 1 1 ends before it; row 2 (bonus) as well
-    seq = torch.tensor([1, 1, 1, 1])
-    flags = copy_flags(seq, torch.tensor([1, 1]), torch.tensor([1, 0, 1]))
-    assert flags.tolist() == [[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]]
-    # 5 6 7 9 5 6, x = 7: x copies 5 6 7, the slim's 8 there does not; the bonus row's 9 after 6 7 copies 6 7 9
-    seq = torch.tensor([5, 6, 7, 9, 5, 6, 7])
-    assert copy_flags(seq, torch.tensor([7]), torch.tensor([8, 9])).tolist() == [[1.0, 0.0], [0.0, 1.0]]
-    assert copy_flags(torch.tensor([3, 4]), torch.tensor([4]), torch.tensor([4, 4])).tolist() == [[0.0, 0.0]] * 2
 
 
 def test_report_gives_the_oracle_headroom_measured_and_modelled():

@@ -42,17 +42,14 @@ FEATURES = (
     "position",  # block row i (0-based)
     "bonus",  # 1 on the bonus row g (no draft token)
     "log_q_second",  # log of q'_i's second-largest probability: with log_q_max, the log-odds of its top two
-    "x_copies",  # 1 if x_i continues a trigram already in the text before it (the two tokens before x_i, then x_i)
-    "q_copies",  # 1 if argmax q'_i does: the slim repeating the context (docs/method.md, "What the drop is made of")
 )
 
 
-def position_features(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, seq: torch.Tensor) -> torch.Tensor:
+def position_features(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """The router's scalar features of a block, `[g + 1, len(FEATURES)]` float32.
 
     `p`: `[g, V]` draft probabilities at the block's positions, `q`: `[g + 1, V]` slim probabilities
-    (the last row is the bonus position), `x`: `[g]` draft tokens, `seq`: `[T + g]` the text so far (prompt
-    and output, `T` tokens) followed by the block's draft tokens.
+    (the last row is the bonus position), `x`: `[g]` draft tokens.
     """
     g = x.shape[0]
     top2 = q.topk(2, dim=-1)
@@ -73,32 +70,6 @@ def position_features(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, seq: to
     out[:, 9] = torch.arange(g + 1, dtype=torch.float32, device=q.device)
     out[g, 10] = 1.0
     out[:, 11] = top2.values[:, 1].clamp_min(_EPS).log()
-    out[:, 12:14] = copy_flags(seq, x, q_arg)
-    return out
-
-
-def copy_flags(seq: torch.Tensor, x: torch.Tensor, q_arg: torch.Tensor) -> torch.Tensor:
-    """`[g + 1, 2]` float: whether the draft token `x_i` (column 0; 0 on the bonus row) and the slim's choice
-    `argmax q'_i` (column 1) continue a trigram that already occurs in the text before row `i`.
-
-    Row `i` follows `seq[:T + i]` (`seq`: `[T + g]`, the text then the block's draft tokens `x`); its candidate
-    `c` copies if `(seq[T+i-2], seq[T+i-1], c)` equals `seq[k:k+3]` for some `k <= T+i-3`. A few elementwise
-    tensor ops over `[g + 1, T + g - 2]`, on the models' device, no host sync.
-    """
-    g = x.shape[0]
-    n = seq.shape[0]
-    out = torch.zeros((g + 1, 2), dtype=torch.float32, device=seq.device)
-    t = n - g
-    if t < 2:
-        return out
-    rows = torch.arange(g + 1, device=seq.device)
-    a, b = seq[t - 2 + rows], seq[t - 1 + rows]  # [g + 1]: the two tokens before each row's candidate
-    k = torch.arange(n - 2, device=seq.device)
-    # [g + 1, n - 2]: trigram k starts with (a_i, b_i) and ends before row i's candidate
-    prefix = (seq[None, :-2] == a[:, None]) & (seq[None, 1:-1] == b[:, None]) & (k[None, :] <= (t - 3 + rows)[:, None])
-    third = seq[None, 2:]
-    out[:g, 0] = (prefix[:g] & (third == x[:, None])).any(-1).float()
-    out[:, 1] = (prefix & (third == q_arg[:, None])).any(-1).float()
     return out
 
 

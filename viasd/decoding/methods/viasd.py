@@ -66,15 +66,14 @@ class _Level:
         self.logits = s.slims[k].forward(s.ids, s.length + g, g + 1)  # rows q'_1..q'_g, q'_{g+1}
         self.q = s.sampler.probs(self.logits)
         router = s.policy.router
-        seq = s.ids[0, : s.length + g]  # the text so far and the block's draft tokens (the copy flags read it)
         if router == "oracle":
             slim_choice = self.logits.argmax(-1)
             accept, confident = x == t[:g], slim_choice == t
             if s.router_rows is not None and k == 0:
-                s.router_rows.add(position_features(p, self.q, x, seq), s.router_hidden(g), x, slim_choice, t)
+                s.router_rows.add(position_features(p, self.q, x), s.router_hidden(g), x, slim_choice, t)
         elif router == "learned":
             start = time.perf_counter()
-            p_draft, p_slim = s.router.probabilities(position_features(p, self.q, x, seq), s.router_hidden(g))
+            p_draft, p_slim = s.router.probabilities(position_features(p, self.q, x), s.router_hidden(g))
             accept, confident = p_draft >= tau_accept, p_slim >= tau_slim
             self.accept, self.confident = accept.tolist(), confident.tolist()  # host sync inside the timing
             s.stats.router_time_s += time.perf_counter() - start
