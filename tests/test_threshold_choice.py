@@ -160,7 +160,8 @@ def test_a_search_depends_only_on_the_space_of_its_routers(routers):
     assert searched_space(replace(cfg, gamma=(2,))) != searched_space(cfg)
     # each field's Optuna parameters, as suggest_policy names them
     names = {"tau_accept": {"tau_accept_ratio"}, "tau_accept_prob": {"tau_accept_prob"}, "tau_slim": {"tau_slim"},
-             "scores": {"score"}, "confidences": {"confidence"}, "tau_router": {"tau_router_accept", "tau_router_slim"}}
+             "scores": {"score"}, "confidences": {"confidence"}, "tau_router": {"tau_router_accept", "tau_router_slim"},
+             "router_start": set()}  # not a range: the start's points, drawn under tau_router's names
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     drawn = set()
     for _ in range(40):
@@ -232,3 +233,31 @@ def test_the_choice_ranks_the_calibrated_costs():
     assert factors == pytest.approx({2: 1.2, 4: 0.95})
     best, _ = choose([calibrated(p, factors) for p in points], cfg)
     assert best["number"] == 2 and best["cost_per_token"] == pytest.approx(0.8075)
+
+
+@pytest.mark.parametrize("routers", [("learned",), ("rules", "learned"), ("rules",)])
+def test_the_learned_routers_search_starts_on_the_diagonal(routers):
+    """`router_start_points`, enqueued in an Optuna study and drawn through `suggest_policy`, are the policies they
+    name, in order: each start probability at every gamma, both thresholds equal, the gate off, no forced catch-up,
+    the lagged tokens unchecked; nothing for a search without the learned router. After them the sampler draws."""
+    from viasd.decoding.policy import DecodePolicy
+    from viasd.search.thresholds import ThresholdConfig, router_start_points, suggest_policy
+
+    cfg = ThresholdConfig(routers=routers, gamma=(2, 4), router_start=(0.7, 0.8), gate=(0.0, 0.5), max_lag=(0, 16),
+                          verify_lagged=(True, False), tau_router=(0.6, 0.99))
+    starts = router_start_points(cfg)
+    assert len(starts) == (4 if "learned" in routers else 0)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for start in starts:
+        study.enqueue_trial(start)
+    drawn = []
+    for _ in range(len(starts) + 2):
+        trial = study.ask()
+        policy = suggest_policy(trial, DecodePolicy(), cfg)
+        drawn.append(policy)
+        study.tell(trial, 1.0)
+    expected = [(2, 0.7), (4, 0.7), (2, 0.8), (4, 0.8)] if starts else []
+    for policy, (gamma, tau) in zip(drawn, expected):
+        assert (policy.router, policy.gamma, policy.tau_accept, policy.tau_slim) == ("learned", gamma, tau, tau)
+        assert (policy.gate, policy.max_lag, policy.verify_lagged, policy.verify_block) == (0.0, 0, False, False)
+    assert len({(p.tau_accept, p.tau_slim) for p in drawn[len(expected):]} - {(t, t) for _, t in expected}) == 2

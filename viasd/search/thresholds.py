@@ -60,6 +60,10 @@ class ThresholdConfig:
     # two probability thresholds searched on `tau_router` (only where the search's models carry a router)
     routers: tuple[str, ...] = ("rules",)
     tau_router: tuple[float, float] = (0.3, 0.99)
+    # the learned router's search starts, at every gamma, with both thresholds at each of these probabilities
+    # (`router_start_points`), then samples: the calibrated heads put the useful policies near that diagonal, and
+    # a start that does not depend on the trials' costs keeps the searched frontier from depending on the day
+    router_start: tuple[float, ...] = ()
     # a tiered policy replaces SD only if the cost model says it saves at least this share of SD's cost:
     # below it the saving is within the resolution of the measured per-pass costs (a fully gated policy,
     # i.e. SD with split passes, can look a few percent cheaper or dearer by measurement noise alone)
@@ -81,7 +85,7 @@ class ThresholdConfig:
 
 # the search-space fields only one kind of router draws from (`suggest_policy`)
 ROUTER_FIELDS = {"rules": ("tau_accept", "tau_accept_prob", "tau_slim", "scores", "confidences"),
-                 "learned": ("tau_router",)}
+                 "learned": ("tau_router", "router_start")}
 
 
 # the fields that only select among a search's trials (`choice.choose`): a change re-selects from the same,
@@ -217,6 +221,23 @@ def search_params(point: dict, cfg: ThresholdConfig) -> dict:
     return out
 
 
+def router_start_points(cfg: ThresholdConfig) -> list[dict]:
+    """The Optuna parameters (`suggest_policy`'s names) of the learned router's start: for each probability of
+    `cfg.router_start` (in order) and each gamma, `tau_accept = tau_slim` at it, the draft gate off, no forced
+    catch-up, the lagged tokens unchecked where the space allows (each of those the space's first value
+    otherwise), the block re-verification its first value. Empty without the learned router among `cfg.routers`."""
+    if "learned" not in cfg.routers:
+        return []
+    fixed = {"max_lag": cfg.max_lag[0], "verify_block": cfg.verify_block[0],
+             "verify_lagged": False if False in cfg.verify_lagged else cfg.verify_lagged[0]}
+    if len(cfg.routers) > 1:
+        fixed["router"] = "learned"
+    if cfg.gate[1] > cfg.gate[0]:
+        fixed["gate_on"] = False
+    return [{**fixed, "gamma": gamma, "tau_router_accept": tau, "tau_router_slim": tau}
+            for tau in cfg.router_start for gamma in cfg.gamma]
+
+
 def study_pass_cost(study, dev: DevSet, cfg: ThresholdConfig) -> dict[str, PassCost]:
     """The cost model's per-pass costs of the study: measured (or shared) when it starts and read back when
     it resumes, so that every trial's objective uses the same costs. Workers starting a study together
@@ -238,7 +259,8 @@ def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage, study_name: str,
     """Run (or continue) the study; returns the best feasible candidate (trials and tiers-off points).
 
     `warm_start`: policy points (e.g. the best trials of the DIMR slim's search) evaluated first when the
-    study is new, so that a shorter search of another slim starts from what worked. `confirm`: held-out dev
+    study is new, so that a shorter search of another slim starts from what worked; then the learned router's
+    start (`router_start_points`), then the sampler's own. `confirm`: held-out dev
     prompts on which the chosen tiered policy must meet the constraints again (`confirm_choice`); the
     result's `confirm` lists the checks (empty when SD wins on dev). `worker`: one of several processes
     sharing the study (`search.workers.run_trials`), or a part running the search alone (`Worker.part`): it runs
@@ -253,8 +275,9 @@ def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage, study_name: str,
     dev.pass_cost = study_pass_cost(study, dev, cfg)
     sd_points = None if worker.partial else tiers_off_points(dev, cfg, study)
     if not study.trials and worker.lead:
-        for point in list(warm_start)[: cfg.n_trials]:
-            study.enqueue_trial(search_params(point, cfg), skip_if_exists=True)
+        starts = [search_params(point, cfg) for point in warm_start] + router_start_points(cfg)
+        for start in starts[: cfg.n_trials]:
+            study.enqueue_trial(start, skip_if_exists=True)
     done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
     bar = tqdm(total=cfg.n_trials, initial=min(done, cfg.n_trials), disable=not progress, unit="trial",
                desc=f"threshold search ({worker})" if worker.partial else "threshold search")
