@@ -164,24 +164,30 @@ def test_bench_refuses_a_speedup_when_outputs_differ(study):
         run_benchmark(models, prompts, methods, 10, repeats=1, progress=False)
 
 
+def _assert_balanced(orders: list[list], methods: list) -> None:
+    """Over these consecutive orders each method runs in each place, and directly after each other method,
+    equally often (a Williams design's balance)."""
+    from collections import Counter
+
+    n = len(methods)
+    assert all(sorted(o, key=str) == sorted(methods, key=str) for o in orders)
+    places = Counter((j, m) for o in orders for j, m in enumerate(o))
+    assert len(places) == n * n and set(places.values()) == {len(orders) // n}
+    after = Counter((a, b) for o in orders for a, b in zip(o, o[1:]))
+    assert len(after) == n * (n - 1) and set(after.values()) == {len(orders) // n}
+
+
 def test_bench_rounds_interleave_the_methods_by_prompt():
     """A timed round runs every method on a prompt before the next prompt, in the orders of a Williams design:
     over n consecutive prompts (2n for odd n) each method runs in each place equally often and directly after
     each other method equally often, whichever prompt and round the run of prompts starts at."""
-    from collections import Counter
-
-    from viasd.benchmark import interleaved
+    from viasd.run_order import interleaved
 
     for n in (2, 3, 4, 5, 6):
         methods = [f"m{j}" for j in range(n)]
         span = n if n % 2 == 0 else 2 * n
         for r, start in ((0, 0), (1, 0), (2, 3)):
-            orders = [interleaved(methods, r, i) for i in range(start, start + span)]
-            assert all(sorted(o) == methods for o in orders)
-            places = Counter((j, m) for o in orders for j, m in enumerate(o))
-            assert set(places.values()) == {span // n}
-            after = Counter((a, b) for o in orders for a, b in zip(o, o[1:]))
-            assert len(after) == n * (n - 1) and set(after.values()) == {span // n}
+            _assert_balanced([interleaved(methods, r, i) for i in range(start, start + span)], methods)
     assert interleaved(["ar"], 1, 7) == ["ar"]
     assert interleaved(["ar", "sd", "viasd", "viasd_oracle"], 0, 0) == ["ar", "sd", "viasd_oracle", "viasd"]
 
@@ -202,11 +208,11 @@ class _Logged:
 
 
 def test_study_decodes_side_by_side_in_the_benchs_balanced_order(model_sets, tokenizer):
-    """The decode stage takes its runs' turns on each prompt in the bench's Williams order (`ar` among them); the
-    oracle decodes after them all and reads `ar`'s greedy output instead of peeking; the warm-up comes first."""
+    """The decode stage takes its runs' turns on each prompt in a balanced order (`ar` among them): over 6 prompts
+    each of the 3 runs in each place, and right after each other run, twice; the oracle decodes after them all and
+    reads `ar`'s greedy output instead of peeking; the warm-up comes first."""
     from viasd import DecodePolicy
     from viasd.evaluation import decode_side_by_side
-    from viasd.run_order import interleaved
     from viasd.tasks.base import Example
 
     models = model_sets("llama")
@@ -218,10 +224,9 @@ def test_study_decodes_side_by_side_in_the_benchs_balanced_order(model_sets, tok
     rows, _, ref_rows, _ = decode_side_by_side(_Logged(models, None, log), replace(policy, method="ar"), cells, examples,
                                                progress=False, warmup_tokens=2)
     assert log[:4] == [(None, False), ("sd", False), ("viasd", False), ("oracle", False)]  # the warm-up
-    timed = [None, "sd", "viasd"]
-    for i, turns in enumerate(zip(*[iter(log[4:])] * 4)):
-        assert [name for name, _ in turns[:3]] == interleaved(timed, 0, i) and not any(ref for _, ref in turns[:3])
-        assert turns[3] == ("oracle", True)
+    turns = list(zip(*[iter(log[4:])] * 4))  # per prompt: 3 timed runs, then the oracle
+    assert len(turns) == 6 and all(t[3] == ("oracle", True) and not any(ref for _, ref in t[:3]) for t in turns)
+    _assert_balanced([[name for name, _ in t[:3]] for t in turns], [None, "sd", "viasd"])
     assert [r["token_ids"] for r in rows["oracle"]] == [r["token_ids"] for r in ref_rows]
 
 
