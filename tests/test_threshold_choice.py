@@ -237,11 +237,12 @@ def test_the_choice_ranks_the_calibrated_costs():
 
 @pytest.mark.parametrize("routers", [("learned",), ("rules", "learned"), ("rules",)])
 def test_the_learned_routers_search_starts_on_the_diagonal(routers):
-    """`router_start_points`, enqueued in an Optuna study and drawn through `suggest_policy`, are the policies they
-    name, in order: each start probability at every gamma, both thresholds equal, the gate off, no forced catch-up,
-    the lagged tokens unchecked; nothing for a search without the learned router. After them the sampler draws."""
+    """`router_start_points`, enqueued in an Optuna study (`search_params`) and drawn through `suggest_policy`, are
+    the policies they name, in order: each start probability at every gamma, both thresholds equal, the gate off, no
+    forced catch-up, the lagged tokens unchecked; nothing for a search without the learned router. After them the
+    sampler draws."""
     from viasd.decoding.policy import DecodePolicy
-    from viasd.search.thresholds import ThresholdConfig, router_start_points, suggest_policy
+    from viasd.search.thresholds import ThresholdConfig, router_start_points, search_params, suggest_policy
 
     cfg = ThresholdConfig(routers=routers, gamma=(2, 4), router_start=(0.7, 0.8), gate=(0.0, 0.5), max_lag=(0, 16),
                           verify_lagged=(True, False), tau_router=(0.6, 0.99))
@@ -249,7 +250,7 @@ def test_the_learned_routers_search_starts_on_the_diagonal(routers):
     assert len(starts) == (4 if "learned" in routers else 0)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     for start in starts:
-        study.enqueue_trial(start)
+        study.enqueue_trial(search_params(start, cfg))
     drawn = []
     for _ in range(len(starts) + 2):
         trial = study.ask()

@@ -203,8 +203,9 @@ def _recosted(point: dict, dev: DevSet) -> dict:
 
 
 def search_params(point: dict, cfg: ThresholdConfig) -> dict:
-    """The Optuna parameters (`suggest_policy`'s names) of a policy `point` (a trial of another search)."""
-    score, router = point["score"], point.get("router", "rules")
+    """The Optuna parameters (`suggest_policy`'s names) of a policy `point` (a trial of another search, or a start
+    point)."""
+    router = point.get("router", "rules")
     out = {"gamma": point["gamma"], "max_lag": point["max_lag"], "verify_lagged": point["verify_lagged"],
            "verify_block": point.get("verify_block", False)}
     if len(cfg.routers) > 1:
@@ -212,6 +213,7 @@ def search_params(point: dict, cfg: ThresholdConfig) -> dict:
     if router == "learned":
         out.update(tau_router_accept=point["tau_accept"], tau_router_slim=point["tau_slim"])
     else:
+        score = point["score"]
         out.update({"score": score, "confidence": point["confidence"], "tau_slim": point["tau_slim"],
                     ("tau_accept_prob" if score in PROBABILITY_SCORES else "tau_accept_ratio"): point["tau_accept"]})
     if cfg.gate[1] > cfg.gate[0]:
@@ -222,19 +224,16 @@ def search_params(point: dict, cfg: ThresholdConfig) -> dict:
 
 
 def router_start_points(cfg: ThresholdConfig) -> list[dict]:
-    """The Optuna parameters (`suggest_policy`'s names) of the learned router's start: for each probability of
-    `cfg.router_start` (in order) and each gamma, `tau_accept = tau_slim` at it, the draft gate off, no forced
-    catch-up, the lagged tokens unchecked where the space allows (each of those the space's first value
-    otherwise), the block re-verification its first value. Empty without the learned router among `cfg.routers`."""
+    """The learned router's start, as policy points (`search_params` gives their Optuna parameters): for each
+    probability of `cfg.router_start` (in order) and each gamma, `tau_accept = tau_slim` at it, the draft gate at
+    its lower bound (off), no forced catch-up (the space's first `max_lag`), the lagged tokens unchecked where the
+    space allows (else its first value), the block re-verification its first value. Empty without the learned
+    router among `cfg.routers`."""
     if "learned" not in cfg.routers:
         return []
-    fixed = {"max_lag": cfg.max_lag[0], "verify_block": cfg.verify_block[0],
+    fixed = {"router": "learned", "gate": cfg.gate[0], "max_lag": cfg.max_lag[0], "verify_block": cfg.verify_block[0],
              "verify_lagged": False if False in cfg.verify_lagged else cfg.verify_lagged[0]}
-    if len(cfg.routers) > 1:
-        fixed["router"] = "learned"
-    if cfg.gate[1] > cfg.gate[0]:
-        fixed["gate_on"] = False
-    return [{**fixed, "gamma": gamma, "tau_router_accept": tau, "tau_router_slim": tau}
+    return [{**fixed, "gamma": gamma, "tau_accept": tau, "tau_slim": tau}
             for tau in cfg.router_start for gamma in cfg.gamma]
 
 
@@ -275,9 +274,8 @@ def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage, study_name: str,
     dev.pass_cost = study_pass_cost(study, dev, cfg)
     sd_points = None if worker.partial else tiers_off_points(dev, cfg, study)
     if not study.trials and worker.lead:
-        starts = [search_params(point, cfg) for point in warm_start] + router_start_points(cfg)
-        for start in starts[: cfg.n_trials]:
-            study.enqueue_trial(start, skip_if_exists=True)
+        for point in [*warm_start, *router_start_points(cfg)][: cfg.n_trials]:
+            study.enqueue_trial(search_params(point, cfg), skip_if_exists=True)
     done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
     bar = tqdm(total=cfg.n_trials, initial=min(done, cfg.n_trials), disable=not progress, unit="trial",
                desc=f"threshold search ({worker})" if worker.partial else "threshold search")
