@@ -1,6 +1,7 @@
 """prepare-data: deterministic outputs, disjoint splits, an exact tokenizer, task prompts."""
 
 import json
+from collections import Counter
 import os
 import shutil
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 from study_fixtures import smoke_params
 
 from viasd import config
-from viasd.data.corpus import SPLITS, split_of, stdlib_files
+from viasd.data.corpus import SPLITS, group_split, stdlib_files
 from viasd.data.prepare import prepare_data
 from viasd.data.tokenizer import load_tokenizer
 from viasd.tasks import load_examples
@@ -67,14 +68,18 @@ def test_splits_are_disjoint_and_recorded(prepared):
     for split in SPLITS:
         table = pq.read_table(prepared.data.dir / "corpus" / f"{split}.parquet")
         assert sorted(table.column("path").to_pylist()) == sorted(p for p, s in paths.items() if s == split)
-    assert all(split_of(p, prepared.data.split) == s for p, s in paths.items())
+    groups = {e["path"]: e["group"] for e in manifest["files"]}
+    assert all(groups[p] <= p for p in paths)  # a group's key is its smallest path
+    sizes = Counter(f.group for f in stdlib_files(prepared.data.split, prepared.data.near_duplicates))
+    assert all(group_split(groups[p], sizes[groups[p]], prepared.data.split, prepared.data.near_duplicates) == s
+               for p, s in paths.items())
     assert not any("/test/" in f"/{p}" or p.split("/")[-1].startswith("test_") for p in paths)
 
 
 def test_tokenizer_round_trips_every_test_file_exactly(prepared):
     tokenizer = load_tokenizer(prepared.data.dir / "tokenizer")
     assert len(tokenizer) == prepared.data.vocab_size
-    test_files = [f for f in stdlib_files(prepared.data.split) if f.split == "test"]
+    test_files = [f for f in stdlib_files(prepared.data.split, prepared.data.near_duplicates) if f.split == "test"]
     assert len(test_files) > 20
     for f in test_files:  # every test file of the full library, not just the smoke sample
         ids = tokenizer(f.text, add_special_tokens=False)["input_ids"]

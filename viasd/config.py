@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from .data.near_duplicates import GroupingParams
 from .errors import ViasdError
 
 SCHEMA = Path(__file__).resolve().parent / "schemas" / "params.schema.yaml"  # package data
@@ -171,6 +172,13 @@ class Pair:
     trust_remote_code: bool = False
 
 
+def _grouping(raw: dict) -> GroupingParams:
+    """`data.near_duplicates` as typed parameters (defaults: `GroupingParams`)."""
+    raw = dict(raw)
+    raw["together"] = tuple(raw.get("together", ()))
+    return GroupingParams(**raw)
+
+
 @dataclass(frozen=True)
 class DataParams:
     dir: Path
@@ -180,6 +188,7 @@ class DataParams:
     calibration_sequences: int
     calibration_length: int
     max_files: int | None
+    near_duplicates: GroupingParams = GroupingParams()
 
 
 @dataclass(frozen=True)
@@ -356,7 +365,8 @@ def parse(raw: dict, root: Path = Path(".")) -> Params:
         seed=raw["seed"],
         data=DataParams(root / data["dir"], dict(data["split"]), data["tokenizer"]["vocab_size"],
                         data["tokenizer"].get("min_frequency", 2), data["calibration"]["sequences"],
-                        data["calibration"]["length"], data.get("max_files")),
+                        data["calibration"]["length"], data.get("max_files"),
+                        _grouping(data.get("near_duplicates", {}))),
         tasks=copy.deepcopy(raw["tasks"]),
         models_dir=root / models["dir"],
         family=family,

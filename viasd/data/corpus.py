@@ -1,5 +1,6 @@
 """The stdlib corpus: every `.py` source of the running interpreter's standard library that is not a
-test, split into train / calibration / dev / test by a hash of the file's path (disjoint files)."""
+test, split into train / calibration / dev / test by a hash of the file's near-duplicate group (disjoint
+files, and no template family on two sides: `near_duplicates`)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import hashlib
 import math
 import sys
 import sysconfig
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+
+from .near_duplicates import GroupingParams, near_duplicate_groups
 
 SPLITS = ("train", "calibration", "dev", "test")
 _EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
@@ -20,6 +24,7 @@ class SourceFile:
     split: str
     sha256: str
     text: str
+    group: str = ""  # the near-duplicate group's key (its smallest path); "" for a file built by hand
 
 
 def stdlib_root() -> Path:
@@ -27,8 +32,8 @@ def stdlib_root() -> Path:
 
 
 def split_of(rel_path: str, fractions: dict) -> str:
-    """A file's split: the first 8 bytes of sha256(path) as a number in [0, 1), against the
-    cumulative fractions in SPLITS order. Depends on the path only, so it is stable across runs."""
+    """A group's split: the first 8 bytes of sha256(key) as a number in [0, 1), against the
+    cumulative fractions in SPLITS order. Depends on the key only, so it is stable across runs."""
     u = int.from_bytes(hashlib.sha256(rel_path.encode()).digest()[:8], "big") / 2**64
     edge = 0.0
     for name in SPLITS:
@@ -38,12 +43,21 @@ def split_of(rel_path: str, fractions: dict) -> str:
     return SPLITS[-1]
 
 
-def stdlib_files(fractions: dict, max_files: int | None = None, root: Path | None = None) -> list[SourceFile]:
-    """Every non-test `.py` file under the stdlib root, sorted by path. Files that are not UTF-8 are
-    skipped. `max_files` keeps about that many, each split's share (at least one file per split)
-    taken in hash order, so a small corpus is an even sample of the library with every split."""
+def group_split(key: str, size: int, fractions: dict, grouping: GroupingParams) -> str:
+    """The split of a near-duplicate group of `size` files keyed `key`: by hash, except that a group of
+    more than `grouping.max_heldout` files goes to train. Held out, such a family would be one module
+    many times over in a split of a few dozen files (the charmap codecs alone are ~100 files)."""
+    return "train" if size > grouping.max_heldout else split_of(key, fractions)
+
+
+def stdlib_files(fractions: dict, grouping: GroupingParams, max_files: int | None = None,
+                 root: Path | None = None) -> list[SourceFile]:
+    """Every non-test `.py` file under the stdlib root, sorted by path, each with the split of its
+    near-duplicate group (grouped over the whole library, before any sampling). Files that are not
+    UTF-8 are skipped. `max_files` keeps about that many, each split's share (at least one file per
+    split) taken in hash order, so a small corpus is an even sample of the library with every split."""
     root = root or stdlib_root()
-    found = []
+    texts = {}
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root)
         if _EXCLUDED_DIRS & set(rel.parts[:-1]) or rel.name.startswith("test_"):
@@ -52,10 +66,13 @@ def stdlib_files(fractions: dict, max_files: int | None = None, root: Path | Non
             text = path.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError):
             continue
-        if not text.strip():
-            continue
-        key = rel.as_posix()
-        found.append(SourceFile(key, split_of(key, fractions), hashlib.sha256(text.encode()).hexdigest(), text))
+        if text.strip():
+            texts[rel.as_posix()] = text
+    groups = near_duplicate_groups(texts, grouping)
+    sizes = Counter(groups.values())
+    found = [SourceFile(key, group_split(groups[key], sizes[groups[key]], fractions, grouping),
+                        hashlib.sha256(text.encode()).hexdigest(), text, groups[key])
+             for key, text in texts.items()]
     if max_files is not None:
         kept = []
         for name in SPLITS:

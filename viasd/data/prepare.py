@@ -3,7 +3,8 @@
 Two parts, so that what training reads does not depend on the tasks: `--only corpus` (the first four
 outputs below) and `--only tasks` (the prompts, one file per task and split; `--task`, `--split`).
 Outputs under `data.dir` (all deterministic for one interpreter: re-running gives identical bytes):
-  manifest.json              python version, every file with its split, sha256 and token count
+  manifest.json              python version, every file with its split, near-duplicate group, sha256 and
+                             token count
   tokenizer/                 the byte-level BPE tokenizer (load with AutoTokenizer)
   corpus/<split>.parquet     one row per file: path, input_ids (EOS-terminated)
   calibration.parquet        `sequences` windows of `length` tokens from the calibration split
@@ -21,6 +22,7 @@ from ..config import Params
 from ..io import replace_path, write_json, write_jsonl
 from ..tasks.base import TaskError
 from . import corpus as corpus_mod
+from .near_duplicates import nontrivial_lines
 from .tokenizer import load_tokenizer, train_tokenizer
 
 log = logging.getLogger(__name__)
@@ -53,7 +55,7 @@ CORPUS_OUTPUTS = ("tokenizer", "corpus", "calibration.parquet", "manifest.json")
 
 
 def _split_files(params: Params) -> dict:
-    files = corpus_mod.stdlib_files(params.data.split, params.data.max_files)
+    files = corpus_mod.stdlib_files(params.data.split, params.data.near_duplicates, params.data.max_files)
     by_split = {s: [f for f in files if f.split == s] for s in corpus_mod.SPLITS}
     for split, members in by_split.items():
         if not members:
@@ -84,7 +86,8 @@ def prepare_corpus(params: Params, progress: bool = True) -> dict:
             for f in tqdm(by_split[split], desc=f"tokenizing {split}", disable=not progress, leave=False):
                 ids = tokenizer(f.text, add_special_tokens=False)["input_ids"] + [eos]
                 ids_list.append(ids)
-                manifest_files.append({"path": f.path, "split": split, "sha256": f.sha256, "tokens": len(ids)})
+                manifest_files.append({"path": f.path, "split": split, "group": f.group, "sha256": f.sha256,
+                                       "tokens": len(ids)})
             tokens_by_split[split] = ids_list
             _write_parquet(tmp / "corpus" / f"{split}.parquet",
                            {"path": [f.path for f in by_split[split]], "input_ids": ids_list})
@@ -106,6 +109,11 @@ def prepare_corpus(params: Params, progress: bool = True) -> dict:
     return manifest
 
 
+def training_lines(train_files) -> frozenset[str]:
+    """The non-trivial lines of the training files: a held-out example made of them is a copy."""
+    return frozenset().union(*(nontrivial_lines(f.text) for f in train_files))
+
+
 def prepare_tasks(params: Params, tasks: list[str] | None = None, splits: tuple[str, ...] = ("dev", "test")) -> list[Path]:
     """The prompts and references of `tasks` (default: every task under `tasks:`) for `splits`, one
     file per task and split (`tasks/<task>/<split>.jsonl`), built with the prepared tokenizer; a
@@ -122,6 +130,7 @@ def prepare_tasks(params: Params, tasks: list[str] | None = None, splits: tuple[
         if name not in params.tasks:
             raise TaskError(f"task {name!r} has no entry under tasks in the parameters")
     by_split = _split_files(params) if any(n.startswith("stdlib_") for n in names) else {}
+    seen = training_lines(by_split["train"]) if by_split else frozenset()
     written = []
     for name in names:
         cfg = params.tasks[name]
@@ -129,10 +138,10 @@ def prepare_tasks(params: Params, tasks: list[str] | None = None, splits: tuple[
             n = cfg.get(f"{split}_prompts", 16)
             if name == "stdlib_continuation":
                 examples = builtin.stdlib_continuation(by_split[split], tokenizer, n, cfg.get("prefix_tokens", 128),
-                                                       cfg.get("reference_tokens", 128))
+                                                       cfg.get("reference_tokens", 128), seen)
             elif name == "stdlib_functions":
                 examples = builtin.stdlib_functions(by_split[split], tokenizer, n, cfg.get("max_prompt_tokens", 384),
-                                                    cfg.get("max_new_tokens", 128))
+                                                    cfg.get("max_new_tokens", 128), seen)
             elif name == "humaneval":
                 examples = builtin.humaneval(tokenizer, split, cfg.get("dev_prompts", 16),
                                              cfg.get("test_prompts", 64), cfg.get("max_prompt_tokens", 384))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import textwrap
 
+from ..data.near_duplicates import is_copy
 from .base import Example, TaskError, TaskSpec, source_file
 
 HUMANEVAL_STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert ")
@@ -38,9 +39,11 @@ def _h(*parts) -> int:
     return int.from_bytes(hashlib.sha256("\x00".join(map(str, parts)).encode()).digest()[:8], "big")
 
 
-def stdlib_continuation(files, tokenizer, n: int, prefix_tokens: int, reference_tokens: int) -> list[Example]:
+def stdlib_continuation(files, tokenizer, n: int, prefix_tokens: int, reference_tokens: int,
+                        seen_lines: frozenset[str] = frozenset()) -> list[Example]:
     """`n` examples from `files` (one split's SourceFiles), files in hash order, several cuts per file
-    when there are fewer files than examples."""
+    when there are fewer files than examples; a cut whose reference is a copy of `seen_lines` (the
+    training files' lines: `near_duplicates.is_copy`) is skipped."""
     need = prefix_tokens + reference_tokens
     ordered = sorted(files, key=lambda f: _h(f.path))
     encoded = {}
@@ -62,12 +65,11 @@ def stdlib_continuation(files, tokenizer, n: int, prefix_tokens: int, reference_
             if len(ids) < need:
                 continue
             prompt_ids = ids[:prefix_tokens]
-            examples.append(Example(
-                id=f"{f.path}:{start + 1}",
-                prompt=tokenizer.decode(prompt_ids),
-                reference=tokenizer.decode(ids[prefix_tokens:need]),
-                prompt_ids=prompt_ids,
-            ))
+            reference = tokenizer.decode(ids[prefix_tokens:need])
+            if is_copy(reference, seen_lines):
+                continue
+            examples.append(Example(id=f"{f.path}:{start + 1}", prompt=tokenizer.decode(prompt_ids),
+                                    reference=reference, prompt_ids=prompt_ids))
     if not examples:
         raise TaskError(f"stdlib_continuation: no file of this split has {need} tokens after a line start")
     return examples
@@ -79,10 +81,11 @@ def _module_name(path: str) -> str:
 
 
 def function_candidates(f, tokenizer, max_prompt_tokens: int, max_body_tokens: int, min_lines: int = 2,
-                        max_lines: int = 30) -> list[Example]:
+                        max_lines: int = 30, seen_lines: frozenset[str] = frozenset()) -> list[Example]:
     """Every function of source file `f` that can be a `stdlib_functions` example (see the module
     docstring): a docstring first, then a body of `min_lines`..`max_lines` lines and at most
-    `max_body_tokens` tokens that compiles under its signature. The prompt is tokenized by
+    `max_body_tokens` tokens that compiles under its signature, and is no copy of `seen_lines` (the
+    training files' lines: `near_duplicates.is_copy`). The prompt is tokenized by
     `with_prompt`, for the examples chosen only."""
     import ast
 
@@ -105,7 +108,7 @@ def function_candidates(f, tokenizer, max_prompt_tokens: int, max_body_tokens: i
         body = "".join(lines[doc.end_lineno : node.end_lineno])
         if lines[doc.end_lineno - 1].rstrip().endswith(";") or body_end(body, node.col_offset) != body.rstrip() + "\n":
             continue  # a statement shares the docstring's line, or a line of the body is not indented past the def
-        if len(tokenizer(body, add_special_tokens=False)["input_ids"]) > max_body_tokens:
+        if len(tokenizer(body, add_special_tokens=False)["input_ids"]) > max_body_tokens or is_copy(body, seen_lines):
             continue
         extra = {"def_indent": node.col_offset, "name": node.name,
                  "header": textwrap.dedent("".join(lines[node.lineno - 1 : doc.lineno - 1])),
@@ -131,7 +134,8 @@ def with_prompt(example: Example, tokenizer, doctest: bool) -> Example:
                    prompt_ids=prompt_ids, extra=x)
 
 
-def stdlib_functions(files, tokenizer, n: int, max_prompt_tokens: int, max_body_tokens: int) -> list[Example]:
+def stdlib_functions(files, tokenizer, n: int, max_prompt_tokens: int, max_body_tokens: int,
+                     seen_lines: frozenset[str] = frozenset()) -> list[Example]:
     """`n` examples from `files` (one split's SourceFiles): functions with doctests their real body passes
     (at most a quarter of `n`; `extra.doctest` marks them) and one function per file in hash order, round
     after round; a doctest function every fourth example, so that any first k examples (the threshold
@@ -140,7 +144,7 @@ def stdlib_functions(files, tokenizer, n: int, max_prompt_tokens: int, max_body_
 
     per_file = []
     for f in sorted(files, key=lambda f: _h(f.path)):
-        cands = function_candidates(f, tokenizer, max_prompt_tokens, max_body_tokens)
+        cands = function_candidates(f, tokenizer, max_prompt_tokens, max_body_tokens, seen_lines=seen_lines)
         if cands:
             per_file.append(sorted(cands, key=lambda e: _h(e.id)))
     doctests = [e for cands in per_file for e in cands if e.extra["module"]]
