@@ -1,9 +1,9 @@
 """prepare-data: deterministic outputs, disjoint splits, an exact tokenizer, task prompts."""
 
 import json
-from collections import Counter
 import os
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import pyarrow.parquet as pq
