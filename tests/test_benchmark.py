@@ -84,6 +84,15 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     assert set(result["efficiency"]) == {"sd", "cascade_sd", "spec_cascade", "viasd"}
     assert all({"measured_speedup", "ideal_speedup", "efficiency"} <= set(v) for v in result["efficiency"].values())
     assert result["best_hf_assisted"] in ("hf_assisted", "hf_assisted_fixed") and result["gamma"] == 3
+    assert result["gamma_source"] == "--gamma"
+    # per-prompt paired ratios with intervals clustered by source file (2 prompts: one file each, or one in all)
+    intervals = result["intervals"]
+    assert {"viasd_vs_sd", "sd_vs_ar", "viasd_oracle_vs_sd", "ar_vs_hf_ar"} <= set(intervals)
+    for ratio in intervals.values():
+        assert ratio["prompts"] == 2 and ratio["ratio"] > 0 and ratio["groups"] in (1, 2)
+        assert ratio["low"] is None or ratio["low"] <= ratio["ratio"] <= ratio["high"]
+    assert "geometric mean [95% CI]" in bench_paths(params, "smoke", "stdlib_continuation")["md"].read_text()
+    assert metrics["interval.viasd_vs_sd.ratio"] == intervals["viasd_vs_sd"]["ratio"]
     assert result["cache"] == "inplace"  # decode.cache, the default: no cache kind in the file name
     assert (result["device"], result["dtype"]) == ("cpu", "torch.float32")
     assert bench_paths(params, "smoke", "stdlib_continuation")["md"].read_text().startswith("# viasd bench")
@@ -208,9 +217,9 @@ class _Logged:
 
 
 def test_study_decodes_side_by_side_in_the_benchs_balanced_order(model_sets, tokenizer):
-    """The decode stage takes its runs' turns on each prompt in a balanced order (`ar` among them): over 6 prompts
-    each of the 3 runs in each place, and right after each other run, twice; the oracle decodes after them all and
-    reads `ar`'s greedy output instead of peeking; the warm-up comes first."""
+    """The decode stage takes its runs' turns on each prompt in a balanced order (`ar` and the oracle among them):
+    over 8 prompts each of the 4 runs in each place, and right after each other run, twice; the oracle peeks for
+    itself (its peeks timed apart) instead of reading `ar`'s output; the warm-up comes first."""
     from viasd import DecodePolicy
     from viasd.evaluation import decode_side_by_side
     from viasd.tasks.base import Example
@@ -220,14 +229,16 @@ def test_study_decodes_side_by_side_in_the_benchs_balanced_order(model_sets, tok
     policy = DecodePolicy(gamma=3, max_new_tokens=6, eos_token_ids=())
     cells = {name: (_Logged(models, name, log), replace(policy, **kw)) for name, kw in
              (("sd", {"method": "sd"}), ("viasd", {"method": "viasd"}), ("oracle", {"method": "viasd", "router": "oracle"}))}
-    examples = [Example(id=str(i), prompt=f"def f{i}(x):\n", reference="") for i in range(6)]
+    examples = [Example(id=str(i), prompt=f"def f{i}(x):\n", reference="") for i in range(8)]
     rows, _, ref_rows, _ = decode_side_by_side(_Logged(models, None, log), replace(policy, method="ar"), cells, examples,
                                                progress=False, warmup_tokens=2)
     assert log[:4] == [(None, False), ("sd", False), ("viasd", False), ("oracle", False)]  # the warm-up
-    turns = list(zip(*[iter(log[4:])] * 4))  # per prompt: 3 timed runs, then the oracle
-    assert len(turns) == 6 and all(t[3] == ("oracle", True) and not any(ref for _, ref in t[:3]) for t in turns)
-    _assert_balanced([[name for name, _ in t[:3]] for t in turns], [None, "sd", "viasd"])
+    turns = list(zip(*[iter(log[4:])] * 4))  # per prompt: the 4 runs
+    assert len(turns) == 8 and not any(ref for t in turns for _, ref in t)
+    _assert_balanced([[name for name, _ in t] for t in turns], [None, "sd", "viasd", "oracle"])
     assert [r["token_ids"] for r in rows["oracle"]] == [r["token_ids"] for r in ref_rows]
+    assert all(r["stats"]["peek_passes"] > 0 and r["ar_new_tokens"] == len(r["ar_token_ids"]) for r in rows["oracle"])
+    assert all(0 < r["ar_decode_time_s"] <= r["ar_wall_time_s"] for r in rows["sd"])
 
 
 def test_bench_accepts_only_numerical_ties():

@@ -369,41 +369,43 @@ def test_position_features_by_hand():
 
 
 def test_report_gives_the_oracle_headroom_measured_and_modelled():
-    """The report's oracle line: `viasd` and the oracle against `sd`, each measured (speed per token in the
-    decode job) and modelled (their passes under the cost model), and the share of the oracle's headroom
-    `viasd` takes, measured against measured, modelled against modelled, and measured against the modelled
-    oracle, by hand."""
+    """The report's oracle lines: `viasd` and the oracles against `sd`, each measured (the geometric mean of per-prompt
+    paired ratios of decode seconds per token) and modelled (their passes under the cost model), and the share of
+    each oracle's headroom `viasd` takes, the budgeted oracle's first; by hand."""
     from viasd.report_headroom import oracle_headroom
     from viasd.search.pass_cost import PassCost
 
-    def run(name, speedup, target_passes, **extra):
+    def run(name, speed, target_passes, **extra):
+        # two prompts from two files, one at `speed` and one at `speed` x 1.1 over a base of 0.01 s/token
         widths = {"draft:1/1": 400, "target:12/5": target_passes}
-        return {"run": name, "speedup_vs_ar": speedup, "new_tokens": 100, "pass_widths": widths,
-                "pass_width_s": {k: 0.0 for k in widths}, "policy": {"gamma": 4, "router": "learned"}, **extra}
+        return {"run": name, "new_tokens": 100, "pass_widths": widths, "pass_width_s": {k: 0.0 for k in widths},
+                "speed": {"ids": ["a", "b"], "groups": ["f", "g"], "seconds_per_token": [0.01 / speed, 0.01 / (speed * 1.1)]},
+                "policy": {"gamma": 4, "router": "learned"}, **extra}
 
     costs = {"draft:1": PassCost(0.001, 0.0), "target:12": PassCost(0.01, 0.0)}
     # modelled seconds per token: sd (0.4 + 0.4) / 100, viasd (0.4 + 0.2) / 100, oracle (0.4 + 0.1) / 100
     evals = [run("sd", 1.5, 40), run("viasd", 1.8, 20, position_escalation_rate=0.1),
              run("viasd-oracle", 2.1, 10, slim_error_rate=0.08)]
     line = oracle_headroom(evals, costs)
-    assert "1.200× measured, 1.333× by the cost model" in line  # viasd: 1.8 / 1.5, 0.008 / 0.006
-    assert "oracle router 1.400× measured, 1.600× by the cost model" in line
-    assert "takes 0.50 (measured) / 0.56 (modelled)" in line and "(0.33: measured `viasd`, modelled oracle)" in line
+    assert "1.200× measured, 1.333× modelled" in line  # viasd: 1.8 / 1.5 on both prompts, 0.008 / 0.006
+    assert "1.400× `sd` measured, 1.600× by the cost model" in line
+    assert "takes 0.50 (measured) / 0.56 (modelled)" in line
     assert "escalated 0.100" in line and "wrong on 0.080" in line
     assert "no `sd`" in oracle_headroom(evals[:2], costs)
     assert "budgeted oracle" not in line
-    # the budgeted oracle at the fidelity floor: (0.4 + 0.05) / 100 modelled, 2.4 / 1.5 = 1.6 measured
+    # the budgeted oracle at the fidelity floor: (0.4 + 0.05) / 100 modelled, 2.4 / 1.5 = 1.6 measured; its share
+    # comes first, the headline
     budgeted = run("viasd-oracle_budget", 2.4, 5, quality={"fidelity": 0.97, "task_drop": 0.4})
     budgeted["policy"]["oracle_budget"] = 0.05
     line = oracle_headroom([*evals, budgeted], costs)
-    assert "settle 0.05 of its tokens wrong" in line
-    assert "1.600× measured, 1.778× by the cost model, fidelity 0.970, task drop 0.40" in line
-    assert "`viasd` takes 0.33 (measured) / 0.43 (modelled) of its headroom" in line  # 0.2 / 0.6, 0.333 / 0.778
+    assert line.startswith("**Headroom at the fidelity floor:**") and "settle 0.05 of its tokens wrong" in line
+    assert "1.600× `sd` measured, 1.778× by the cost model, fidelity 0.970, task drop 0.40" in line
+    assert "takes **0.33** (measured) / 0.43 (modelled) of its headroom" in line  # 0.2 / 0.6, 0.333 / 0.778
     assert "own pass costs" not in line  # passes without timings: no job costs to fit
     # the job's own pass costs: the draft's passes took 3 ms and the target's 20 (3x and 2x the search's costs),
     # so sd (1.2 + 0.8) / 100 against viasd (1.2 + 0.4) / 100 and the oracle (1.2 + 0.2) / 100
     for e in evals:
         e["pass_width_s"] = {"draft:1/1": 0.003 * 400, "target:12/5": 0.02 * e["pass_widths"]["target:12/5"]}
     line = oracle_headroom(evals, costs)
-    assert "1.333× by the cost model" in line  # the search's costs, as before
+    assert "1.333× modelled" in line  # the search's costs, as before
     assert "own pass costs (fitted on its runs' timed passes) `viasd` 1.250× and the oracle 1.429×" in line

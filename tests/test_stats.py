@@ -17,22 +17,27 @@ def decoding_widths(s, name: str) -> dict[int, int]:
             if k.rpartition("/")[0] == layout and not k.endswith("/prefill")}
 
 
-def check_widths(s, gamma: int | None = None):
-    """One prefill per runner; the passes by width are those the method's blocks predict, from the
-    method's own counters (blocks, drafted tokens), which the runners do not keep (`sd`: with `gamma`)."""
+def check_widths(s, gamma: int | None = None, prefilled: bool | None = None):
+    """One prefill per runner (`prefilled`: a prompt of more than one decoder token); the passes by width
+    are those the method's blocks predict, from the method's own counters (blocks, drafted tokens), which
+    the runners do not keep (`sd`: with `gamma`). By default a decoder-only prompt of more than one token
+    is prefilled (an encoder-decoder decode starts from its one decoder start token)."""
+    if prefilled is None:
+        prefilled = s.encoder_time_s == 0 and s.prompt_tokens > 1
     for layout in s.layouts().values():
-        assert s.pass_widths.get(f"{layout}/prefill") == 1
+        assert s.pass_widths.get(f"{layout}/prefill") == (1 if prefilled else None)
     target = decoding_widths(s, "target")
     assert all(w >= 1 for w in target)
-    if s.method == "ar":  # one token per decoding pass; the prefill gives the first token
+    if s.method == "ar":  # the prefill feeds the prompt but its last token; then one token per decoding pass
         assert set(s.pass_widths) <= {"target:4/prefill", "target:4/1", "loop:ar/1"}, s.pass_widths
-        assert target == {1: s.new_tokens + s.truncated - 1}
+        assert target == {1: s.new_tokens + s.truncated}
     if s.method == "sd" and gamma is not None:  # one verification per block over the last committed token and
-        # the block's drafts; the target's first pass, from an empty cache, verifies the first block (gamma
-        # drafts) with the prompt
-        assert sum(target.values()) == s.blocks - 1
-        assert sum(w * n for w, n in target.items()) == (s.drafted - gamma) + (s.blocks - 1)
+        # the block's drafts (the first block's last committed token is the prompt's last)
+        assert sum(target.values()) == s.blocks
+        assert sum(w * n for w, n in target.items()) == s.drafted + s.blocks
         assert max(target) <= gamma + 1
+    assert s.prefill_time_s <= s.wall_time_s and s.decode_time_s == pytest.approx(
+        s.wall_time_s - s.prefill_time_s - s.encoder_time_s)
     # the loop's work: one entry per call of the method's block, its seconds what the passes leave of the wall time
     loop = f"loop:{s.method}/1"
     assert s.pass_widths[loop] >= s.blocks and 0 <= s.pass_width_s[loop] <= s.wall_time_s
@@ -41,7 +46,7 @@ def check_widths(s, gamma: int | None = None):
 
 def check_accounting(s, gamma: int | None = None):
     check_widths(s, gamma)
-    if s.method == "ar":  # one target pass per token, nothing drafted
+    if s.method == "ar":  # one target pass per token after the prefill, nothing drafted
         assert s.passes["target"] == s.new_tokens + s.truncated and s.drafted == 0
         return
     out = (s.accepted_direct + s.accepted_slim + s.accepted_full + s.regenerated_slim + s.rejected_full + s.bonus

@@ -65,7 +65,9 @@ def test_policy_and_inputs_of_each_run(tmp_path):
     assert run_inputs(params, "smoke", "humaneval", "viasd-cost_path")["thresholds"].name == "main.json"
     assert run_inputs(params, "smoke", "humaneval", "viasd-independent")["thresholds"].name == "independent.json"
     assert run_inputs(params, "smoke", "humaneval", "viasd-no_tier2")["thresholds"].name == "main.json"
-    assert "thresholds" not in run_inputs(params, "smoke", "humaneval", "cascade_sd-mask_random")
+    # cascade_sd at SD's best gamma reads it from the DIMR slim's search; at a fixed gamma it reads no thresholds
+    assert run_inputs(params, "smoke", "humaneval", "cascade_sd-mask_random")["thresholds"].name == "main.json"
+    assert "thresholds" not in run_inputs(params, "smoke", "humaneval", "sd-gamma_4")
     assert slims_to_tune(params) == ["main", "cost_target"]
     (tmp_path / "shared").mkdir()
     shared = config.load(smoke_params(tmp_path / "shared", {"thresholds": {"per_slim": False}}))
@@ -77,8 +79,13 @@ def test_policy_and_inputs_of_each_run(tmp_path):
     assert run_inputs(params, "smoke", "humaneval", "viasd-cost_target")["mask"].name == "cost-target.json"
     assert "mask" not in run_inputs(params, "smoke", "humaneval", "viasd-independent")
 
-    sd = run_policy(params, "smoke", "stdlib_continuation", "sd")
-    assert (sd.method, sd.gamma) == ("sd", 5) and sd.max_new_tokens == params.tasks["stdlib_continuation"]["max_new_tokens"]
+    # sd at its own best gamma on dev, which the search's file names; one clear error before it has run
+    with pytest.raises(config.ConfigError, match="sd and cascade_sd decode at SD's best gamma on dev"):
+        run_policy(params, "smoke", "stdlib_continuation", "sd")
+    assert run_policy(params, "smoke", "stdlib_continuation", "sd-gamma_4").gamma == 4
+    fixed = replace(params, decode=replace(params.decode, sd_gamma=3))
+    assert run_policy(fixed, "smoke", "stdlib_continuation", "sd").gamma == 3
+    assert "thresholds" not in run_inputs(fixed, "smoke", "stdlib_continuation", "sd")
     spec = run_policy(params, "smoke", "stdlib_continuation", "spec_cascade-gamma_2")
     assert (spec.rule, spec.alpha, spec.gamma) == ("chow", 0.3, 2)
     with pytest.raises(StudyInputError, match="the tuned thresholds .* does not exist"):
@@ -87,6 +94,13 @@ def test_policy_and_inputs_of_each_run(tmp_path):
     path = run_inputs(params, "smoke", "stdlib_continuation", "viasd")["thresholds"]
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(tuned))
+    with pytest.raises(config.ConfigError, match="names no sd_best gamma"):
+        run_policy(params, "smoke", "stdlib_continuation", "sd")
+    path.write_text(json.dumps({**tuned, "sd_best": {"gamma": 2}}))
+    sd = run_policy(params, "smoke", "stdlib_continuation", "sd")
+    assert (sd.method, sd.gamma) == ("sd", 2) and sd.max_new_tokens == params.tasks["stdlib_continuation"]["max_new_tokens"]
+    assert run_policy(params, "smoke", "stdlib_continuation", "cascade_sd").gamma == 2
+    assert run_policy(params, "smoke", "stdlib_continuation", "spec_cascade").gamma == 5  # lossy: decode.gamma
     viasd = run_policy(params, "smoke", "stdlib_continuation", "viasd")
     assert (viasd.gamma, viasd.tau_accept, viasd.tau_slim, viasd.score, viasd.confidence) == tuple(tuned.values())
     no_tier2 = run_policy(params, "smoke", "stdlib_continuation", "viasd-no_tier2")

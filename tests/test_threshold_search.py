@@ -65,6 +65,12 @@ def test_thresholds_stage_and_infeasible_constraint(study, tmp_path):
             assert result["cost_vs_sd"] <= 1.0  # SD at every gamma was a candidate
         assert result["slim"] == slim and result["signature"]["slim"] == slim
         assert result["cost_vs_sd"] == pytest.approx(result["dev"]["cost_per_token"] / result["sd_same_gamma"]["cost_per_token"])
+        # SD at its own best gamma: the cheapest tiers-off point of the trace, the gamma sd and cascade_sd decode at
+        trace = [json.loads(line) for line in paths["trace"].read_text().splitlines()]
+        cheapest = min((t for t in trace if t["tiers_off"]), key=lambda t: t["cost_per_token"])
+        assert result["sd_best"]["gamma"] == cheapest["gamma"]
+        assert result["sd_best"]["cost_per_token"] == pytest.approx(cheapest["cost_per_token"])
+        assert result["sd_best"]["cost_per_token"] <= result["sd_same_gamma"]["cost_per_token"] + 1e-12
     masks = mask_paths(params)
     assert results["main"]["mask"] == json.loads(masks["mask"].read_text())["keep_layers"]
     assert results["mask_random"]["mask"] == json.loads(masks["random"].read_text())["keep_layers"]

@@ -19,6 +19,7 @@ import statistics
 
 from .decoding.router import headroom_share
 from .decoding.stats import DecodeStats
+from .metrics.speed import describe, within_noise
 from .search.pass_cost import cost_per_token, costs_to_json, fit_pass_costs, widths_per_token
 
 
@@ -210,6 +211,13 @@ def markdown(result: dict, title: str) -> str:
         lines.append("\nviasd_oracle_budget is the oracle that may settle wrong tokens down to the fidelity floor (the "
                      "ceiling of a router spending the same fidelity, `_at_floor` above); once its output has left the "
                      "target's greedy one it peeks at every block, and its ratio takes each round's peek seconds off.")
+    if result.get("intervals"):
+        lines += ["", f"Per-prompt paired ratios (decode seconds per token, the prefill apart; transformers' calls "
+                      f"include it), geometric mean over {result['prompts']} prompts with a 95 % interval clustered "
+                      f"by source file; `sd` at γ {result.get('gamma')} ({result.get('gamma_source', 'given')}):", "",
+                  "| ratio | geometric mean [95% CI] | inside the noise |", "|---|---|---|"]
+        lines += [f"| {k} | {describe(v)} | {'–' if within_noise(v) is None else 'yes' if within_noise(v) else 'no'} |"
+                  for k, v in result["intervals"].items() if v]
     lines += ["", "| method | measured speedup vs ar | ideal | efficiency |", "|---|---|---|---|"]
     lines += [f"| {k} | {f(v['measured_speedup'])} | {f(v['ideal_speedup'])} | {f(v['efficiency'])} |"
               for k, v in result["efficiency"].items()]

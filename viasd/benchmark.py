@@ -220,11 +220,14 @@ def generation_settings(models: ModelSet, methods: list[BenchMethod]) -> Process
 
 def run_benchmark(models: ModelSet, prompts: list[list[int]], methods: list[BenchMethod], max_new_tokens: int,
                   repeats: int = 3, progress: bool = True, references: list[str] | None = None,
-                  metric: str | None = None) -> dict:
+                  metric: str | None = None, groups: list | None = None) -> dict:
     """Check outputs, then time every method; returns per-method figures, ratios and efficiencies.
 
     Every method's row also carries its quality (`quality_of`): fidelity and the target's NLL of its
-    outputs, and with `references` and a task `metric`, that metric and its drop against `ar`/`hf_ar`."""
+    outputs, and with `references` and a task `metric`, that metric and its drop against `ar`/`hf_ar`.
+    `intervals`: the ratios as geometric means of per-prompt paired ratios (decode seconds per token, averaged
+    over the rounds per prompt) with 95 % intervals clustered by `groups` (aligned with `prompts`: their
+    source files; None: each prompt its own), `metrics.speed`."""
     from tqdm.auto import tqdm
 
     device = next(models.target.parameters()).device
@@ -276,8 +279,10 @@ def run_benchmark(models: ModelSet, prompts: list[list[int]], methods: list[Benc
     ties = check_outputs(models, prompts, tokens)
     # every method's policy carries the same generation settings: the target as they process it scores all
     quality = quality_of(models, prompts, tokens, references, metric, next((m.policy for m in methods if m.policy), None))
-    seconds, peeks = _timed_rounds(methods, timed, prompts, repeats, oracles, device, progress)
+    seconds, peeks, per_prompt = _timed_rounds(methods, timed, prompts, repeats, oracles, device, progress,
+                                               max_new_tokens)
     result = summarise(methods, seconds, max_new_tokens * len(prompts), stats, counts, memory, peeks)
+    result["intervals"] = interval_ratios(per_prompt, groups)
     for name, row in result["methods"].items():
         row["quality"] = quality[name]
     result["numerical_ties"] = ties
@@ -285,33 +290,62 @@ def run_benchmark(models: ModelSet, prompts: list[list[int]], methods: list[Benc
 
 
 def _timed_rounds(methods: list[BenchMethod], timed: dict[str, Callable], prompts: list[list[int]], repeats: int,
-                  oracles: list[BenchMethod], device: torch.device, progress: bool
-                  ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """Per method its wall seconds in each of `repeats` rounds over `prompts`, and per oracle each round's peek
-    seconds (timed apart). Interleaved by prompt: every method decodes prompt i before any decodes prompt i + 1, in a
-    balanced order (`interleaved`), so a slow spell of the machine (seconds long on a shared CPU) falls on every
-    method alike and a round's ratios compare the same moments."""
+                  oracles: list[BenchMethod], device: torch.device, progress: bool, max_new_tokens: int
+                  ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[list[float]]]]:
+    """Per method its wall seconds in each of `repeats` rounds over `prompts`, per oracle each round's peek
+    seconds (timed apart), and per method its seconds per generated token on each prompt of each round
+    (`[round][prompt]`: ours the decode time, prefill apart; transformers' the call's wall time, prefill
+    included, since `generate` does not time it apart). Interleaved by prompt: every method decodes prompt i
+    before any decodes prompt i + 1, in a balanced order (`interleaved`), so a slow spell of the machine
+    (seconds long on a shared CPU) falls on every method alike and a round's ratios compare the same moments."""
     from tqdm.auto import tqdm
 
     seconds: dict[str, list[float]] = {m.name: [] for m in methods}
     peeks: dict[str, list[float]] = {m.name: [] for m in oracles}
+    per_prompt: dict[str, list[list[float]]] = {m.name: [] for m in methods}
     for r in tqdm(range(repeats), desc="bench: timed rounds", disable=not progress, leave=False):
         spent = dict.fromkeys(seconds, 0.0)
         peeked = dict.fromkeys(peeks, 0.0)
+        rows = {name: [] for name in seconds}
         for i, prompt in enumerate(prompts):
             for method in interleaved(methods, r, i):
                 _sync(device)
                 start = time.perf_counter()
                 out = timed[method.name](prompt)
                 _sync(device)
-                spent[method.name] += time.perf_counter() - start
+                elapsed = time.perf_counter() - start
+                spent[method.name] += elapsed
                 if method in oracles:
                     peeked[method.name] += out.stats.peek_time_s
+                own = out.stats.decode_time_s if method.policy is not None else elapsed
+                rows[method.name].append(own / max_new_tokens)
         for name in seconds:
             seconds[name].append(spent[name])
+            per_prompt[name].append(rows[name])
         for name in peeks:
             peeks[name].append(peeked[name])
-    return seconds, peeks
+    return seconds, peeks, per_prompt
+
+
+# the interval ratios of the bench: (a, b) = a's speed over b's; `sd` is SD at its best gamma on dev when the bench
+# stage found one (its JSON's `gamma_source`)
+INTERVAL_PAIRS = (("viasd", "sd"), ("sd", "ar"), ("viasd", "ar"), ("viasd_oracle", "sd"), ("viasd_oracle_budget", "sd"),
+                  ("viasd_rules", "sd"), ("cascade_sd", "sd"), ("spec_cascade", "sd"), ("ar", "hf_ar"),
+                  ("sd", "hf_assisted"), ("sd", "hf_assisted_fixed"))
+
+
+def interval_ratios(per_prompt: dict[str, list[list[float]]], groups: list | None) -> dict:
+    """`a_vs_b` for each pair of `INTERVAL_PAIRS` that ran: the geometric mean over prompts of b's seconds per
+    token over a's (each prompt's seconds averaged over the rounds first), with its 95 % interval clustered by
+    `groups` (`metrics.speed.paired_ratio`)."""
+    from .metrics.speed import mean_over_rounds, paired_ratio
+
+    mean = {name: mean_over_rounds(rounds) for name, rounds in per_prompt.items() if rounds and rounds[0]}
+    out = {}
+    for a, b in INTERVAL_PAIRS:
+        if a in mean and b in mean:
+            out[f"{a}_vs_{b}"] = paired_ratio(mean[b], mean[a], groups)
+    return out
 
 
 def per_token_seconds(models: ModelSet, methods: list[BenchMethod], prompts: list[list[int]], steps: int = 32,

@@ -229,6 +229,9 @@ class DecodeParams:
 
     split: str = "test"
     gamma: int = 4
+    # sd and cascade_sd: "best" = the gamma at which the DIMR slim's threshold search found SD cheapest on dev
+    # (the thresholds file's `sd_best`), or a fixed gamma
+    sd_gamma: int | str = "best"
     gamma_slim: int | None = None
     cascade_rule: str = "opt"        # spec_cascade.rule
     cascade_alpha: float = 0.1       # spec_cascade.alpha
@@ -283,6 +286,7 @@ class ThresholdParams:
     rules_trials: int | None = None
     workers: int = 1  # processes sharing each search's trials (search/workers.py)
     split_searches: bool = False  # each search its own workflow job (with one worker); not a setting of a search
+    seed: int | None = None  # the searches' sampler seed (None: the study's `seed`); the models do not depend on it
     search: dict = field(default_factory=dict)
 
 

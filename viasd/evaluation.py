@@ -21,13 +21,15 @@ def decode_side_by_side(models: ModelSet, reference: DecodePolicy, cells: dict[s
     cell's `(models, policy)`, side by side: for each example the reference and every cell run one after
     another, in the balanced order of `run_order.interleaved` (each run in each place, and right after each
     other run, equally often over consecutive examples), so that all see the same machine state (after a
-    short warm-up of each); an oracle cell (`router: oracle`) decodes after the reference and
-    reads its greedy output instead of peeking. The task's stop strings are added to every policy's.
+    short warm-up of each). An oracle cell (`router: oracle`) decodes in that order too, with its own peek
+    passes, which its statistics time apart (`DecodeStats.peek_time_s`, outside its wall time). The task's
+    stop strings are added to every policy's.
 
     Returns (rows per cell, merged statistics per cell, the reference's rows, its merged statistics).
     Rows are `{id, token_ids, text, stats}`; a cell's rows also carry the reference's tokens
-    (`ar_token_ids`: the target's own greedy output, the reference for agreement) and its wall time on
-    the same example (`ar_wall_time_s`).
+    (`ar_token_ids`: the target's own greedy output, the reference for agreement), its wall time and its
+    decode time (prefill apart) on the same example, and its token count (`ar_wall_time_s`,
+    `ar_decode_time_s`, `ar_new_tokens`: the paired speed ratios of `metrics.speed`).
     """
     from tqdm.auto import tqdm
 
@@ -43,9 +45,6 @@ def decode_side_by_side(models: ModelSet, reference: DecodePolicy, cells: dict[s
     if prompts and warmup_tokens:
         for _, m, policy in entries:
             m.generate(prompts[0], replace(policy, max_new_tokens=min(warmup_tokens, policy.max_new_tokens)))
-    # oracle cells decode each prompt after the reference and read its greedy output (`DecodeSession.oracle_targets`)
-    oracles = {name for name, (_, p) in cells.items() if p.router == "oracle"}
-    timed = [entry for entry in entries if entry[0] not in oracles]  # the rest, in a balanced order per prompt
     rows: dict[str, list[dict]] = {name: [] for name in cells}
     parts: dict[str, list[DecodeStats]] = {name: [] for name in cells}
     ref_rows, ref_parts = [], []
@@ -53,20 +52,17 @@ def decode_side_by_side(models: ModelSet, reference: DecodePolicy, cells: dict[s
               leave=False) as bar:
         for i, (example, prompt) in enumerate(zip(examples, prompts)):
             results = {}
-            for name, m, policy in interleaved(timed, 0, i):
+            for name, m, policy in interleaved(entries, 0, i):
                 results[name] = m.generate(prompt, policy)
                 bar.update()
             ref = results.pop(None)
-            for name, m, policy in entries:  # after ar, whose greedy output spares them their peek passes
-                if name in oracles:
-                    results[name] = m.generate(prompt, policy, oracle_reference=ref.token_ids)
-                    bar.update()
             ref_rows.append({"id": example.id, "token_ids": ref.token_ids, "text": ref.text, "stats": ref.stats.as_dict()})
             ref_parts.append(ref.stats)
             for name, ours in results.items():
                 rows[name].append({"id": example.id, "token_ids": ours.token_ids, "text": ours.text,
                                    "stats": ours.stats.as_dict(), "ar_token_ids": ref.token_ids,
-                                   "ar_wall_time_s": ref.stats.wall_time_s})
+                                   "ar_wall_time_s": ref.stats.wall_time_s, "ar_decode_time_s": ref.stats.decode_time_s,
+                                   "ar_new_tokens": ref.stats.new_tokens})
                 parts[name].append(ours.stats)
     return rows, {name: DecodeStats.merge(p) for name, p in parts.items()}, ref_rows, DecodeStats.merge(ref_parts)
 

@@ -16,21 +16,26 @@ TIER_PARTS = (("accepted_direct", "tier 1: accepted directly", "tab:green"),
 
 
 def frontier(rows: list[dict], measures: list[str], path: Path, title: str) -> None:
-    """Speedup vs ar (x) against each quality measure (y, one panel each), one labelled point per run;
+    """Speed against SD at its best gamma (x: the paired geometric-mean ratio, its 95 % interval as a bar;
+    `vs_sd_best` of each row) against each quality measure (y, one panel each), one labelled point per run;
     each panel's Pareto front joined. `task_drop` is plotted as is (lower is better)."""
     plt = pyplot()
     measures = measures or ["agreement"]
     fig, axes = plt.subplots(1, len(measures), figsize=(6 * len(measures), 4.5), squeeze=False)
     for ax, key in zip(axes[0], measures):
         sign = -1 if key == "task_drop" else 1
-        pts = [(r["speedup_vs_ar"], r["quality"].get(key), r["run"]) for r in rows
-               if r.get("speedup_vs_ar") is not None and r["quality"].get(key) is not None]
-        for x, y, name in pts:
+        pts = [(r["vs_sd_best"], r["quality"].get(key), r["run"]) for r in rows
+               if r.get("vs_sd_best") and r["quality"].get(key) is not None]
+        for speed, y, name in pts:
+            x = speed["ratio"]
             colour = "tab:blue" if name.startswith("viasd") else "tab:gray"
+            if speed.get("low") is not None:
+                ax.errorbar([x], [y], xerr=[[x - speed["low"]], [speed["high"] - x]], color=colour, lw=0.8,
+                            alpha=0.5, zorder=2)
             ax.scatter([x], [y], color=colour, s=28, zorder=3)
             ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
         front, best = [], float("-inf")
-        for x, y, _ in sorted(pts, key=lambda p: (-p[0], -sign * p[1])):
+        for x, y, _ in sorted(((p[0]["ratio"], p[1], p[2]) for p in pts), key=lambda p: (-p[0], -sign * p[1])):
             if sign * y > best:
                 front.append((x, y))
                 best = sign * y
@@ -38,7 +43,7 @@ def frontier(rows: list[dict], measures: list[str], path: Path, title: str) -> N
             ax.plot(*zip(*sorted(front)), color="tab:red", lw=1, alpha=0.7, label="Pareto front")
             ax.legend(fontsize=8)
         ax.axvline(1.0, color="black", lw=0.6, ls="--")
-        ax.set_xlabel("speedup vs ar (wall time, same job)")
+        ax.set_xlabel("speed vs sd at its best γ (decode s/token, per-prompt geometric mean, 95% CI)")
         ax.set_ylabel(key + (" (points below ar; lower is better)" if key == "task_drop" else ""))
         ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=10)

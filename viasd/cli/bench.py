@@ -21,7 +21,8 @@ def add_bench(sub) -> None:
     p.add_argument("--prompts", type=int, default=8, help="number of prompts")
     p.add_argument("--max-new-tokens", type=int, help="tokens per prompt (default: the task's max_new_tokens)")
     p.add_argument("--repeats", type=int, default=3, help="timed rounds after the warm-up round")
-    p.add_argument("--gamma", type=int, help="draft block length (default: decode.gamma)")
+    p.add_argument("--gamma", type=int, help="draft block length of sd, cascade_sd and spec_cascade (default: SD's best "
+                   "gamma on dev, from the threshold search; decode.sd_gamma when it is a number)")
     p.add_argument("--methods", help="comma-separated (default: all; a sweep: hf_ar,ar,sd,viasd), from: "
                    + ", ".join(HF + METHODS + VIASD_VARIANTS))
     p.add_argument("--cache", choices=CACHE_KINDS,

@@ -275,8 +275,22 @@ class DecodeSession:
         self.length = length
         self.stop.rewind(len(self.generated))
 
+    def prefill(self) -> None:
+        """Feed every model the prompt but its last token, one pass each (the trunk before the layers after
+        it), recorded as the prefill: every later pass is decoding work, and the full model's lag in viasd
+        counts generated tokens only. The last prompt token is fed with the first block, as every block
+        feeds the last committed token (`runner.cached <= length - 1`). With every tier off no slim runs, so
+        none is prefilled (tiers off is SD, pass for pass)."""
+        upto = self.prompt_len - 1
+        unused = set(self.slims) if self.policy.tiers_off else set()
+        if upto > 0:
+            for r in self.every_runner:
+                if r not in unused:
+                    r.prefill(self.ids, upto)
+
     def run(self, block: Callable[[DecodeSession], None]) -> DecodeResult:
         start = time.perf_counter()
+        self.prefill()
         steps = 0
         while not self.done:
             block(self)

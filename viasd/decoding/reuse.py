@@ -198,6 +198,13 @@ class TrunkRunner(ModelRunner):
         self._fed_since_trim += upto - self.cached
         self.cached = upto
 
+    def prefill(self, ids: torch.Tensor, upto: int) -> None:
+        self._prefilling = True
+        try:
+            self.advance(ids, upto)
+        finally:
+            self._prefilling = False
+
     def forward(self, ids, upto, n_logits):  # the trunk has no head
         raise TypeError("the trunk yields hidden states: use advance()")
 

@@ -36,7 +36,8 @@ class ModelRunner:
         self.cache = None
         self.cached = 0
         self.tokens = 0
-        self.widths: dict[int | str, list] = {}  # `record`: width -> [passes, seconds]; "prefill" for passes from an empty cache
+        self.widths: dict[int | str, list] = {}  # `record`: width -> [passes, seconds]; "prefill" for the prompt's pass
+        self._prefilling = False
         self._trim = False
         # decoder layers a pass runs (`layers`: a model that is not a transformers model, e.g. an exit head)
         self.layers = (decoder_depth(text_config(model)) or 0) if layers is None else layers
@@ -72,6 +73,15 @@ class ModelRunner:
         self.tokens += count
         return self.process(ids, upto, logits)
 
+    def prefill(self, ids: torch.Tensor, upto: int) -> None:
+        """Feed the prompt's `ids[0, :upto]` (all but its last token) in one pass, recorded as the prefill: the
+        decoding passes after it are then each model's own work per generated token, whatever the method."""
+        self._prefilling = True
+        try:
+            self.forward(ids, upto, 1)
+        finally:
+            self._prefilling = False
+
     def process(self, ids: torch.Tensor, upto: int, logits: torch.Tensor) -> torch.Tensor:
         """The rows `[n, V]` of positions `upto-n..upto-1`, each through the generation config's processors
         with its own prefix (unchanged without processors)."""
@@ -80,9 +90,9 @@ class ModelRunner:
     @contextmanager
     def timed(self, width: int):
         """Time the pass run inside the block, `width` tokens (rows, for a head), and count it (`record`); a
-        pass from an empty cache is the prefill. On CUDA with exact timing the device is synchronised
-        before and after, so the seconds are the pass's own."""
-        prefill = self.cached == 0
+        pass of `prefill` is the prompt's. On CUDA with exact timing the device is synchronised before and
+        after, so the seconds are the pass's own."""
+        prefill = self._prefilling
         if self._sync:
             torch.cuda.synchronize(self.device)
         start = time.perf_counter()
@@ -92,15 +102,16 @@ class ModelRunner:
         self.record(width, time.perf_counter() - start, prefill=prefill)
 
     def record(self, width: int, seconds: float, prefill: bool) -> None:
-        """Count one pass of `width` tokens (rows, for a head) that took `seconds`: a pass from an empty
-        cache (the prompt's prefill) is kept apart, since the cost model prices the decoding passes."""
+        """Count one pass of `width` tokens (rows, for a head) that took `seconds`: the prompt's prefill is
+        kept apart, since the cost model prices the decoding passes."""
         entry = self.widths.setdefault("prefill" if prefill else width, [0, 0.0])
         entry[0] += 1
         entry[1] += seconds
 
     @property
     def passes(self) -> int:
-        return sum(n for n, _ in self.widths.values())
+        """Decoding passes: the prompt's prefill is not one (it is `widths["prefill"]`)."""
+        return sum(n for width, (n, _) in self.widths.items() if width != "prefill")
 
     @property
     def seconds(self) -> float:

@@ -77,7 +77,7 @@ class DecodeStats:
     position_reached: list[int] = field(default_factory=list)
     position_settled: list[int] = field(default_factory=list)
     position_regenerated: list[int] = field(default_factory=list)
-    # work per model: name -> value
+    # work per model: name -> value (`passes`: decoding passes, the prompt's prefill apart; `time_s`: all of its seconds)
     passes: dict[str, int] = field(default_factory=dict)
     tokens_processed: dict[str, int] = field(default_factory=dict)
     time_s: dict[str, float] = field(default_factory=dict)
@@ -85,7 +85,7 @@ class DecodeStats:
     # `trunk`'s, computed once per position, and `slim` / `target` count only their layers after it
     layer_tokens: dict[str, int] = field(default_factory=dict)
     # passes by runner layout and width, `"<name>:<layers>/<width>"` (tokens fed; rows, for an exit head) or
-    # `".../prefill"` (a pass from an empty cache): counts and seconds, what the cost model is fitted on;
+    # `".../prefill"` (the prompt's pass, `DecodeSession.prefill`): counts and seconds, what the cost model is fitted on;
     # `"loop:<method>/1"`: the decode loop's calls of the method's block and their seconds outside every pass
     pass_widths: dict[str, int] = field(default_factory=dict)
     pass_width_s: dict[str, float] = field(default_factory=dict)
@@ -186,6 +186,22 @@ class DecodeStats:
     def tokens_per_second(self) -> float | None:
         return _ratio(self.new_tokens, self.wall_time_s)
 
+    @property
+    def prefill_time_s(self) -> float:
+        """Seconds of the prompt's prefill passes (`DecodeSession.prefill`), every model's."""
+        return sum(s for key, s in self.pass_width_s.items() if key.endswith("/prefill"))
+
+    @property
+    def decode_time_s(self) -> float:
+        """The wall time without the prompt's prefill and encoding: the time spent generating, which the
+        speed ratios compare per generated token (prompts of one length cost every method the same prefill,
+        and outputs of different lengths would spread it differently)."""
+        return max(0.0, self.wall_time_s - self.prefill_time_s - self.encoder_time_s)
+
+    @property
+    def decode_seconds_per_token(self) -> float | None:
+        return _ratio(self.decode_time_s, self.new_tokens)
+
     def full_passes_per_token(self) -> float | None:
         return _ratio(self.passes.get("target", 0), self.new_tokens)
 
@@ -226,6 +242,9 @@ class DecodeStats:
             "position_escalation_rate",
             "slim_error_rate",
             "tokens_per_second",
+            "prefill_time_s",
+            "decode_time_s",
+            "decode_seconds_per_token",
         ):
             out[name] = getattr(self, name)
         out["full_passes_per_token"] = self.full_passes_per_token()

@@ -14,7 +14,7 @@ a model of the passes alone had predicted `sd` 1.74x `ar` where 1.23x was measur
 
 The two numbers are fitted per layout, by least squares weighted by pass counts, on the decoding
 passes of probe decodes at every searched γ (`DecodeStats.pass_widths`), so every width a policy
-runs is priced from passes of about that width. The prompt's prefill (a pass from an empty cache) is
+runs is priced from passes of about that width. The prompt's prefill (`DecodeSession.prefill`) is
 left out of both the fit and the modelled cost: it is the same for every method on a prompt (the
 same layers over the same tokens) and, on a long prompt, outweighs dozens of decoding passes, so
 averaging it in inflated every layout's per-pass cost by the share of prefill in the probes.
@@ -95,10 +95,9 @@ def fit_pass_costs(runs: Iterable[DecodeStats | dict]) -> dict[str, PassCost]:
 
 
 def decode_seconds(stats: DecodeStats) -> float:
-    """A decode's wall time without its prefill (passes from an empty cache) and prompt encoding: the time the
-    cost model prices."""
-    prefill = sum(s for key, s in stats.pass_width_s.items() if split_key(key)[1] == PREFILL)
-    return max(0.0, stats.wall_time_s - prefill - stats.encoder_time_s)
+    """A decode's wall time without its prefill and prompt encoding (`DecodeStats.decode_time_s`): the time
+    the cost model prices."""
+    return stats.decode_time_s
 
 
 def full_layout(costs: dict) -> str | None:

@@ -78,6 +78,31 @@ def bench_prompts(params: Params, models, task: str, n: int, length: int | None 
     return [files[i % len(files)][:length] for i in range(n)]
 
 
+def bench_gamma(params: Params, pair: str, task: str, gamma: int | None) -> tuple[int, str]:
+    """The gamma of the bench's lossless baselines (`sd`, `cascade_sd`, transformers' fixed-length assisted
+    generation) and where it comes from: `--gamma`; else SD's best gamma on dev (the DIMR slim's threshold
+    search, with `decode.sd_gamma: best`) when the search has run; else `decode.sd_gamma` or `decode.gamma`."""
+    from ..study.cells import sd_best_gamma
+
+    if gamma:
+        return gamma, "--gamma"
+    if params.decode.sd_gamma == "best":
+        if threshold_paths(params, task, pair, "main")["json"].exists():
+            return sd_best_gamma(params, pair, task), "SD's best on dev"
+        log.warning("no threshold search for %s on %s: sd runs at decode.gamma %d, not at its best gamma on dev",
+                    pair, task, params.decode.gamma)
+        return params.decode.gamma, "decode.gamma (no threshold search yet)"
+    return int(params.decode.sd_gamma), "decode.sd_gamma"
+
+
+def bench_groups(params: Params, task: str, n: int) -> list[str]:
+    """The source-file group of each of the first `n` test prompts (the speed intervals' clusters)."""
+    from ..tasks import get_task, load_examples
+
+    spec = get_task(task)
+    return [str(spec.group(e)) for e in load_examples(params.data.dir, task, "test")[:n]]
+
+
 def task_references(params: Params, task: str, n: int, max_new: int) -> tuple[list[str] | None, str | None]:
     """The references of the first `n` test prompts and the task's main metric, for quality beside speed
     (None when the task has no text metric)."""
@@ -101,7 +126,7 @@ def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: l
                     progress: bool = True, engine: dict | None = None) -> dict:
     pair, models = load_bench_models(params, pair_name, device, dtype)
     engine = engine_options(params, engine)
-    gamma = gamma or params.decode.gamma
+    gamma, source = bench_gamma(params, pair.name, task, gamma)
     max_new = max_new_tokens or params.max_new_tokens(task)
     cascade = params.decode.spec_cascade()
     rules = threshold_paths(params, task, pair.name, "rules")["json"]
@@ -112,16 +137,24 @@ def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: l
                          floor_budget(fidelity_floor(params)))
     references, metric = task_references(params, task, prompts, max_new)
     result = run_benchmark(models, bench_prompts(params, models, task, prompts), table, max_new, repeats, progress,
-                           references, metric)
+                           references, metric, bench_groups(params, task, prompts))
     weight = next(models.target.parameters())
     result.update({"pair": pair.name, "task": task, "prompts": prompts, "max_new_tokens": max_new, "gamma": gamma,
+                   "gamma_source": source,
                    "repeats": repeats, **engine, "device": str(weight.device), "dtype": str(weight.dtype), "slim_layers": (
                        list(models.slims[0].mask.keep_layers) if models.slims else None)})
     paths = bench_paths(params, pair.name, task, **engine, **run_setting(models))
     write_text(paths["md"], markdown(result, f"viasd bench: {pair.name} on {task}, {prompts} prompts x {max_new} "
-                                              f"tokens, gamma {gamma}, {result['device']}, {result['dtype']}"))
+                                              f"tokens, sd at gamma {gamma} ({source}), {result['device']}, "
+                                              f"{result['dtype']}"))
     write_json(paths["json"], result)
     return {**result, "files": paths}
+
+
+def _best(key: str, result: dict) -> str:
+    """An interval ratio's name, `_vs_sd` spelt `_vs_sd_best` where sd ran at its best gamma on dev."""
+    return key.replace("_vs_sd", "_vs_sd_best") if key.endswith("_vs_sd") and result.get("gamma_source") == \
+        "SD's best on dev" else key
 
 
 def bench_record(result: dict) -> StageRecord:
@@ -133,6 +166,8 @@ def bench_record(result: dict) -> StageRecord:
                                 "reuse")},
         {f"ratio.{k}": v for k, v in result["ratios"].items()}
         | {f"ratio.{k}.round_{end}": v[end] for k, v in result.get("ratio_rounds", {}).items() for end in ("min", "max")}
+        | {f"interval.{_best(k, result)}.{end}": v[end] for k, v in result.get("intervals", {}).items() if v
+           for end in ("ratio", "low", "high") if v[end] is not None}
         | {f"tokens_per_second.{k}": v["tokens_per_second"]["median"] for k, v in methods.items()}
         | {f"efficiency.{k}": v["efficiency"] for k, v in result["efficiency"].items()}
         | {f"fidelity.{k}": v["quality"]["fidelity"] for k, v in methods.items()}

@@ -2,8 +2,8 @@
 every run of `study.runs`) on the task's test split, with one load of the pair.
 
 Each prompt is decoded once with greedy `ar` and once with every run, one after another in a balanced
-order that changes from prompt to prompt (`run_order.interleaved`; the oracles after `ar`, whose greedy
-output they read), so each run's `speedup_vs_ar` (its tokens per second over ar's)
+order that changes from prompt to prompt (`run_order.interleaved`, the oracles included, their peeks timed apart),
+so each run's `speedup_vs_ar` (its tokens per second over ar's)
 is a ratio measured side by side in the same process and machine state, and agreement with the target's greedy output is exact.
 Runs that would decode exactly alike (`decode_key`: the same policy and the same slim, or tiers off, where
 no slim pass runs) are decoded once, under the first one's name; the others take its rows and statistics

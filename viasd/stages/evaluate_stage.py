@@ -7,7 +7,9 @@ Output per run: reports/eval/<pair>/<task>/<run>.json — the decode summary (st
 plus `quality`, the three measures of docs/quality.md: `fidelity` (its standard error `fidelity_se`,
 clustered by source file, and the target's `nll`), the
 task's metrics with the main one also scored on the `ar` output of the same prompts (`<metric>_ar`)
-and its drop in points (`task_drop`), and `agreement`.
+and its drop in points (`task_drop`), and `agreement`; and `speed`, the run's decode seconds per generated token
+per prompt (prefill apart) and its paired ratio over `ar` with a 95 % interval clustered by source file
+(`metrics.speed`).
 """
 
 from __future__ import annotations
@@ -78,9 +80,22 @@ def _evaluate_run(params: Params, pair_name: str, task: str, run: str, summary: 
         # its standard error, paired and clustered by the task's groups (source files), as the fidelity's
         quality["task_drop_se"] = (None if run == "ar" else task_drop_standard_error(
             spec, metric, chosen, ar_texts, [r["text"] for r in rows], [spec.group(e) for e in chosen]))
-    out = {**summary, "quality": quality, "task_metric": metric}
+    out = {**summary, "quality": quality, "task_metric": metric, "speed": run_speed(rows, [spec.group(e) for e in chosen])}
     write_json(eval_path(params, pair_name, task, run), out)
     return out
+
+
+def run_speed(rows: list[dict], groups: list) -> dict:
+    """A run's speed per prompt (`metrics.speed`): its decode seconds per generated token with the prompts' ids and
+    source-file groups (so the report pairs any two runs), and its ratio over `ar` decoded beside it."""
+    from ..metrics.speed import paired_ratio, seconds_per_token
+
+    ours = [seconds_per_token(r["stats"]) for r in rows]
+    ar = [seconds_per_token({"new_tokens": r.get("ar_new_tokens"), "decode_time_s": r.get("ar_decode_time_s"),
+                             "wall_time_s": r.get("ar_wall_time_s")}) if "ar_new_tokens" in r else own
+          for r, own in zip(rows, ours)]
+    return {"ids": [r["id"] for r in rows], "groups": [str(g) for g in groups], "seconds_per_token": ours,
+            "vs_ar": paired_ratio(ar, ours, groups)}
 
 
 def evaluate_record(params: Params, pair_name: str, task: str, spec: RunSpec, out: dict) -> StageRecord:
@@ -90,6 +105,7 @@ def evaluate_record(params: Params, pair_name: str, task: str, spec: RunSpec, ou
         "evaluate", f"evaluate/{pair.name}/{task}/{spec.name}",
         {"policy": out["policy"], "split": out["split"], "examples": out["examples"]},
         scalars(out) | {f"quality.{k}": v for k, v in out["quality"].items()}
+        | {f"speed.vs_ar.{k}": v for k, v in (out["speed"]["vs_ar"] or {}).items() if v is not None}
         | {f"passes.{k}": v for k, v in out["passes"].items()}
         | {f"accepted_by_tier.{k}": out[k] for k in ("accepted_direct", "accepted_slim", "accepted_full",
                                                      "regenerated_slim", "rejected_full")},

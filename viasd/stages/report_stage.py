@@ -29,6 +29,7 @@ from pathlib import Path
 from ..config import Params
 from ..errors import StudyInputError
 from ..io import write_json, write_text
+from ..metrics.speed import describe, run_vs, within_noise
 from ..report_headroom import oracle_headroom
 from ..report_plots import frontier, tier_breakdown
 from ..runs import parse_run
@@ -36,9 +37,10 @@ from ..study.paths import eval_path, mask_paths, report_paths, router_paths, thr
 from ..study.record import StageRecord
 from ..study.slims import slims_to_tune
 
-COLUMNS = (("run", "run"), ("method", "method"), ("ablation", "ablation"), ("rejection_rate", "rejection rate"),
-           ("acceptance_rate", "acceptance"), ("mean_accepted_length", "mean acc. length"),
-           ("speedup_vs_ar", "speedup vs ar"), ("full_passes_per_token", "full passes/token"),
+COLUMNS = (("run", "run"), ("method", "method"), ("ablation", "ablation"), ("gamma", "γ"),
+           ("vs_sd_best_text", "vs sd at best γ [95% CI]"), ("vs_ar_text", "vs ar [95% CI]"),
+           ("rejection_rate", "rejection rate"), ("acceptance_rate", "acceptance"),
+           ("mean_accepted_length", "mean acc. length"), ("full_passes_per_token", "full passes/token"),
            ("block_escalation_rate", "block escalation"), ("gated_rate", "gated blocks"),
            ("position_escalation_rate", "positions escalated"), ("slim_error_rate", "slim wrong (oracle)"),
            ("lagged_rolled_back", "rolled back"), ("tokens_per_second", "tokens/s"))
@@ -201,10 +203,24 @@ def markdown(rows: list[dict], columns) -> str:
     return frame.to_markdown(index=False, tablefmt="github", disable_numparse=True) + "\n"
 
 
+def with_speed(evals: list[dict]) -> list[dict]:
+    """Each evaluated run with `vs_sd_best`: its paired speed ratio over the `sd` run (SD at its best gamma on
+    dev) on the same prompts, with the 95 % interval clustered by source file (`metrics.speed`)."""
+    sd = next((e.get("speed") for e in evals if e["run"] == "sd"), None)
+    return [{**e, "vs_sd_best": run_vs(sd, e.get("speed"))} for e in evals]
+
+
 def table_rows(evals: list[dict], quality_keys: list[str]) -> list[dict]:
+    """One row per run: the columns of `COLUMNS` (speed ratios as `1.234× [low, high]`), the ratios' numbers
+    (for the CSV) and the quality measures."""
     rows = []
     for e in evals:
+        vs_ar = (e.get("speed") or {}).get("vs_ar")
         row = {key: e.get(key) for key, _ in COLUMNS}
+        row.update(gamma=e.get("policy", {}).get("gamma"), vs_sd_best_text=describe(e.get("vs_sd_best")),
+                   vs_ar_text=describe(vs_ar))
+        for name, ratio in (("vs_sd_best", e.get("vs_sd_best")), ("vs_ar", vs_ar)):
+            row.update({f"{name}.{k}": (ratio or {}).get(k) for k in ("ratio", "low", "high")})
         row.update({f"quality.{k}": e["quality"].get(k) for k in quality_keys})
         rows.append(row)
     return rows
@@ -212,6 +228,40 @@ def table_rows(evals: list[dict], quality_keys: list[str]) -> list[dict]:
 
 def markdown_table(rows: list[dict], quality_keys: list[str]) -> str:
     return markdown(rows, [*COLUMNS, *((f"quality.{k}", k) for k in quality_keys)])
+
+
+def headline(evals: list[dict], bounds: str) -> str:
+    """The task's headline: the tuned `viasd` against SD at its own best gamma (chosen on dev), its interval and
+    whether the difference is inside the noise, every quality measure beside it; then SD at each gamma on
+    these test prompts against the dev choice, and which runs' differences from `sd` the intervals cannot
+    tell apart."""
+    by_run = {e["run"]: e for e in evals}
+    if "sd" not in by_run:
+        return ""
+    sd_gamma = by_run["sd"]["policy"].get("gamma")
+    lines = []
+    if "viasd" in by_run:
+        v = by_run["viasd"]
+        q = v["quality"]
+        noise = within_noise(v.get("vs_sd_best"))
+        lines.append(
+            f"**`viasd` (γ {v['policy'].get('gamma')}) against `sd` at its best γ on dev (γ {sd_gamma}): "
+            f"{describe(v.get('vs_sd_best'))}** over {(v.get('vs_sd_best') or {}).get('prompts', 0)} test prompts from "
+            f"{(v.get('vs_sd_best') or {}).get('groups', 0)} source files; fidelity {_fmt(q.get('fidelity'))} "
+            f"(SE {_fmt(q.get('fidelity_se'))}), task drop {_fmt(q.get('task_drop'))} (SE {_fmt(q.get('task_drop_se'))}), "
+            f"agreement {_fmt(q.get('agreement'))}; the search's bars: {bounds}. "
+            + ("The interval holds 1: the difference is inside the noise." if noise else
+               "The interval excludes 1." if noise is not None else "No interval (fewer than two source files)."))
+    fixed = [e for e in evals if e["method"] == "sd" and e["run"] != "sd"]
+    if fixed:
+        lines.append("SD at each γ on these prompts against the dev choice (read, not chosen on: the dev search "
+                     "picked γ " + str(sd_gamma) + "): " + ", ".join(
+                         f"`{e['run']}` {describe(e.get('vs_sd_best'))}" for e in fixed) + ".")
+    inside = [e["run"] for e in evals if e["run"] != "sd" and within_noise(e.get("vs_sd_best"))]
+    if inside:
+        lines.append("Runs whose speed the 95 % interval cannot tell from `sd`'s: " + ", ".join(f"`{r}`" for r in inside)
+                     + ".")
+    return "\n\n".join(lines) + "\n"
 
 
 def csv_table(rows: list[dict]) -> str:
@@ -309,16 +359,20 @@ def run_report_stage(params: Params) -> dict:
                                   f"--run {run}` first")
         by_cell.setdefault((pair, task), []).append(json.loads(path.read_text()))
     summary = [f"# viasd study `{params.study.name}`\n",
-               "Every run decodes the task's test prompts greedily; `speedup vs ar` is wall time of greedy `ar` "
-               "over the run's, measured alternately in the same job; rejection rate = positions rejected by "
-               "the full model / verified positions (docs/method.md (statistics)).\n"]
-    headline = {}
+               "Every run decodes the task's test prompts greedily, each prompt by every run in turn in a balanced "
+               "order. Speed is decode time per generated token (the prompt's prefill timed apart); a ratio is the "
+               "geometric mean of the per-prompt paired ratios, with a 95 % interval clustered by source file. "
+               "`sd` runs at the γ its own dev search found cheapest (`sd-gamma_k`: SD at a fixed γ); every "
+               "`vs sd` is against it. Rejection rate = positions rejected by the full model / verified positions "
+               "(docs/method.md (statistics)). The test split is read to report: no choice is made on it.\n"]
+    figures: dict = {}
     for (pair, task), evals in by_cell.items():
         key = f"{pair}-{task}"
         spec = get_task(task)
         metric = next((e.get("task_metric") for e in evals if e.get("task_metric")), None)
         listed = [*QUALITY_FIRST, *([metric, f"{metric}_ar"] if metric else []), *spec.metrics]
         quality_keys = [k for k in dict.fromkeys(listed) if any(k in e["quality"] for e in evals)]
+        evals = with_speed(evals)
         rows = table_rows(evals, quality_keys)
         table = markdown_table(rows, quality_keys)
         write_text(paths[f"{key}.md"], f"# {pair} on {task}\n\n{table}")
@@ -338,7 +392,7 @@ def run_report_stage(params: Params) -> dict:
         from ..metrics.quality import QualityConstraints
 
         bounds = QualityConstraints.from_dict(params.thresholds.search.get("quality")).describe()
-        summary += [f"## {pair} on {task}\n",
+        summary += [f"## {pair} on {task}\n", headline(evals, bounds),
                     "Quality three ways: `fidelity` = share of tokens equal to the target's greedy choice given "
                     "the generated prefix; `task_drop` = points of the task metric below `ar` on the same prompts "
                     "(`task_drop_se` its standard error: paired, by the delete-one-file jackknife); "
@@ -356,8 +410,9 @@ def run_report_stage(params: Params) -> dict:
                     "the prompt's prefill left out; `target:12` is a full pass, `trunk:k` and `target:L-k` a pass "
                     "split by reuse, `slim:0` the early exit's head; the draft feeds one token per pass, so its wider "
                     "columns are the fit's extrapolation):\n", costs]
-        headline.setdefault(pair, {})[task] = {
-            e["run"]: {"speedup_vs_ar": e.get("speedup_vs_ar"), "rejection_rate": e.get("rejection_rate"),
+        figures.setdefault(pair, {})[task] = {
+            e["run"]: {"gamma": e.get("policy", {}).get("gamma"), "vs_sd_best": e.get("vs_sd_best"),
+                       "vs_ar": (e.get("speed") or {}).get("vs_ar"), "rejection_rate": e.get("rejection_rate"),
                        **{k: e["quality"].get(k) for k in QUALITY_FIRST}} for e in evals}
     for pair in params.study.pairs:
         family = family_rows(params, pair)
@@ -371,9 +426,9 @@ def run_report_stage(params: Params) -> dict:
                     f"DIMR search of `{pair}`: ![search](dimr/{pair}/search.png) ![layers](dimr/{pair}/layers.png)\n",
                     router_summary(params, pair)]
     summary += stage_times_section(params, paths)
-    write_json(paths["metrics"], headline)
+    write_json(paths["metrics"], figures)
     write_text(paths["summary"], "\n".join(summary))
-    return {"tables": len(by_cell), "runs": sum(len(v) for v in by_cell.values()), "headline": headline}
+    return {"tables": len(by_cell), "runs": sum(len(v) for v in by_cell.values()), "headline": figures}
 
 
 def stage_times_section(params: Params, paths: dict) -> list[str]:
@@ -390,5 +445,11 @@ def stage_times_section(params: Params, paths: dict) -> list[str]:
 
 def report_record(params: Params, out: dict) -> StageRecord:
     """The report as an MLflow run: the study's grid, how many tables and runs, every file written."""
-    return StageRecord("report", "report", {"study": params.study.as_dict()}, {"tables": out["tables"], "runs": out["runs"]},
-                       {}, list(report_paths(params).values()))
+    metrics = {"tables": out["tables"], "runs": out["runs"]}
+    for pair, tasks in out["headline"].items():  # the headline per pair and task, against SD at its best gamma
+        for task, runs in tasks.items():
+            for k, v in ((runs.get("viasd") or {}).get("vs_sd_best") or {}).items():
+                if k in ("ratio", "low", "high") and v is not None:
+                    metrics[f"{pair}.{task}.viasd_vs_sd_best.{k}"] = v
+    return StageRecord("report", "report", {"study": params.study.as_dict()}, metrics, {},
+                       list(report_paths(params).values()))

@@ -52,8 +52,8 @@ log = logging.getLogger(__name__)
 
 # the cost model's version, part of a search's signature: a search costed under another model (v1: one
 # cost per runner layout, prefill averaged in) is not resumed or reused but run again
-COST_MODEL = ("v4: per layout and width, prefill excluded, the decode loop's per-block work, calibrated per gamma on "
-              "the dev decodes' wall time")
+COST_MODEL = ("v5: per layout and width, the prompt's explicit prefill excluded, the decode loop's per-block work, "
+              "calibrated per gamma on the dev decodes' wall time")
 
 WARM_START = 4  # an ablation slim's search first tries the DIMR slim's cheapest feasible tiered policies
 
@@ -61,7 +61,8 @@ WARM_START = 4  # an ablation slim's search first tries the DIMR slim's cheapest
 def threshold_config(params: Params) -> ThresholdConfig:
     section = {k: tuple(v) if isinstance(v, list) else v for k, v in params.thresholds.search.items()}
     section["quality"] = QualityConstraints.from_dict(section.get("quality"))
-    return ThresholdConfig(seed=params.seed, **section)
+    seed = params.seed if params.thresholds.seed is None else params.thresholds.seed
+    return ThresholdConfig(seed=seed, **section)
 
 
 def _json_value(value):
@@ -192,6 +193,12 @@ def _sd_cost(out: dict) -> float:
     return min(t["cost_per_token"] for t in out["trials"] if t["tiers_off"] and t["feasible"])
 
 
+def sd_best(out: dict) -> dict:
+    """The cheapest feasible tiers-off (SD) point of a search's outcome: its gamma and dev costs."""
+    best = min((t for t in out["trials"] if t["tiers_off"] and t["feasible"]), key=lambda t: t["cost_per_token"])
+    return {k: best.get(k) for k in ("gamma", "cost_per_token", "wall_per_token", "rejection_rate", "acceptance_rate")}
+
+
 def same_mask_as_main(params: Params, pair: str, task: str, slim: str, main: dict) -> dict:
     """A baseline mask that is the DIMR mask itself (e.g. `truncate` when the search picked the prefix):
     its search would tune the same slim again, so it takes the main result, marked `same_mask_as`."""
@@ -300,6 +307,8 @@ def result_json(out: dict, cfg: ThresholdConfig, oracle: dict | None, signature:
         "dev": {k: best.get(k) for k in DEV_KEYS},
         "sd_same_gamma": {k: sd[k] for k in ("cost_per_token", "wall_per_token", "rejection_rate", "acceptance_rate")},
         "cost_vs_sd": best["cost_per_token"] / sd["cost_per_token"],
+        # SD at its own best gamma on these dev prompts: the lossless baselines (sd, cascade_sd) decode at it
+        "sd_best": sd_best(out),
         "oracle": _oracle_json(oracle, out), "oracle_at_floor": _oracle_json(at_floor, out),
         # the share of the oracle's headroom over the cheapest SD point that the tuned policy takes (modelled),
         # and of the budgeted oracle's at the fidelity floor

@@ -39,9 +39,19 @@ def search_base(params: Params, task: str) -> DecodePolicy:
                         stop_strings=tuple(get_task(task).stop_strings), **engine_options(params))
 
 
+LOSSLESS_BASELINES = ("sd", "cascade_sd")  # decoded at SD's own best gamma (`decode.sd_gamma: best`)
+
+
+def takes_sd_best(params: Params, spec: RunSpec) -> bool:
+    """Whether the run decodes at the gamma the DIMR slim's search found cheapest for SD (a lossless baseline
+    without a gamma ablation, with `decode.sd_gamma: best`)."""
+    return spec.method in LOSSLESS_BASELINES and spec.gamma is None and params.decode.sd_gamma == "best"
+
+
 def run_inputs(params: Params, pair: str, task: str, run: str | RunSpec) -> dict[str, Path]:
     """The files a run reads besides the pair's models and the task's prompts: its routing mask and, for
-    `viasd`, the thresholds tuned for its slim (see `slims.threshold_slim`)."""
+    `viasd`, the thresholds tuned for its slim (see `slims.threshold_slim`); for a lossless baseline at SD's
+    best gamma, the DIMR slim's thresholds file, which names that gamma."""
     spec = parse_run(run) if isinstance(run, str) else run
     inputs = {}
     mask = mask_file(params, pair, spec)
@@ -49,7 +59,24 @@ def run_inputs(params: Params, pair: str, task: str, run: str | RunSpec) -> dict
         inputs["mask"] = mask
     if spec.method == "viasd":
         inputs["thresholds"] = threshold_paths(params, task, pair, threshold_slim(params, spec))["json"]
+    elif takes_sd_best(params, spec):
+        inputs["thresholds"] = threshold_paths(params, task, pair, "main")["json"]
     return inputs
+
+
+def sd_best_gamma(params: Params, pair: str, task: str) -> int:
+    """The gamma at which SD was cheapest on the task's dev prompts (the DIMR slim's threshold search, which
+    decodes SD at every `thresholds.gamma`): one clear error before that search has run."""
+    path = threshold_paths(params, task, pair, "main")["json"]
+    if not path.exists():
+        raise ConfigError(f"sd and cascade_sd decode at SD's best gamma on dev, which the threshold search finds: no "
+                          f"{path} yet (run `viasd tune-thresholds --pair {pair} --task {task}`), or set "
+                          "decode.sd_gamma to a number")
+    best = read_json(path, "the tuned thresholds").get("sd_best")
+    if best is None:
+        raise ConfigError(f"{path} names no sd_best gamma (written by an older version): run `viasd tune-thresholds "
+                          f"--pair {pair} --task {task}` again, or set decode.sd_gamma to a number")
+    return int(best["gamma"])
 
 
 def tuned_settings(params: Params, pair: str, task: str, slim: str = "main", required: bool = True) -> dict:
@@ -87,7 +114,8 @@ def fidelity_budget(params: Params) -> float:
 
 def run_policy(params: Params, pair: str, task: str, run: str | RunSpec) -> DecodePolicy:
     """The decoding policy of one grid cell: params.yaml's `decode` section, the tuned thresholds for
-    `viasd`, and the run's ablation on top."""
+    `viasd`, SD's own best gamma for the lossless baselines (`decode.sd_gamma`), and the run's ablation on
+    top (`sd-gamma_4`: SD at a fixed gamma)."""
     spec = parse_run(run) if isinstance(run, str) else run
     d = params.decode
     fields = {"method": spec.method, "gamma": d.gamma, "gamma_slim": d.gamma_slim, "rule": d.cascade_rule,
@@ -95,6 +123,8 @@ def run_policy(params: Params, pair: str, task: str, run: str | RunSpec) -> Deco
               "seed": params.seed, **engine_options(params), "max_new_tokens": params.max_new_tokens(task)}
     if spec.method == "viasd":
         fields.update(tuned_settings(params, pair, task, threshold_slim(params, spec)))
+    elif spec.method in LOSSLESS_BASELINES and spec.gamma is None:
+        fields["gamma"] = sd_best_gamma(params, pair, task) if takes_sd_best(params, spec) else int(d.sd_gamma)
     if spec.ablation == "no_tier2":
         fields["tau_slim"] = math.inf
     if spec.ablation == "oracle":  # the tuned gamma and engine; the oracle decides every tier (none is off)

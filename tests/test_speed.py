@@ -1,0 +1,57 @@
+"""Speed ratios with intervals (`viasd.metrics.speed`): the geometric mean of paired per-prompt ratios and its
+interval clustered by source file, by hand."""
+
+import math
+
+import pytest
+from scipy.stats import t as student_t
+
+from viasd.metrics.speed import describe, mean_over_rounds, paired_ratio, run_vs, seconds_per_token, within_noise
+
+
+def test_the_ratio_is_the_geometric_mean_of_paired_ratios():
+    base, ours = [2.0, 4.0, 1.0], [1.0, 1.0, 1.0]  # per-prompt ratios 2, 4, 1
+    out = paired_ratio(base, ours)
+    assert out["ratio"] == pytest.approx((2 * 4 * 1) ** (1 / 3)) and out["prompts"] == 3 and out["groups"] == 3
+    logs = [math.log(2), math.log(4), 0.0]
+    mean = sum(logs) / 3
+    se = math.sqrt(3 / 2 * sum((v - mean) ** 2 for v in logs) / 9)
+    half = student_t.ppf(0.975, 2) * se
+    assert out["low"] == pytest.approx(math.exp(mean - half)) and out["high"] == pytest.approx(math.exp(mean + half))
+
+
+def test_prompts_of_one_file_count_as_one_cluster():
+    base, ours = [2.0, 2.0, 1.0, 1.0], [1.0] * 4
+    apart = paired_ratio(base, ours, ["a", "b", "c", "d"])
+    together = paired_ratio(base, ours, ["a", "a", "b", "b"])
+    assert apart["ratio"] == together["ratio"] == pytest.approx(math.sqrt(2))
+    assert together["groups"] == 2 and together["high"] - together["low"] > apart["high"] - apart["low"]
+    # the cluster-robust variance by hand: two clusters, residual sums +-2 * log(2) / 2
+    r = math.log(2) / 2
+    se = math.sqrt(2 / 1 * (2 * r) ** 2 * 2 / 16)
+    assert together["high"] == pytest.approx(math.sqrt(2) * math.exp(student_t.ppf(0.975, 1) * se))
+
+
+def test_unpaired_prompts_and_one_group():
+    assert paired_ratio([1.0, None], [None, 1.0]) is None
+    one = paired_ratio([2.0, 2.0], [1.0, 1.0], ["f", "f"])
+    assert one["ratio"] == pytest.approx(2.0) and one["low"] is None and within_noise(one) is None
+    assert describe(one) == "2.000×" and describe(None) == "–"
+    with pytest.raises(ValueError):
+        paired_ratio([1.0], [1.0, 2.0])
+
+
+def test_within_noise_and_rounds():
+    assert within_noise({"ratio": 1.1, "low": 0.95, "high": 1.2}) is True
+    assert within_noise({"ratio": 1.2, "low": 1.1, "high": 1.3}) is False
+    assert mean_over_rounds([[1.0, 4.0], [4.0, 1.0]]) == pytest.approx([2.0, 2.0])
+
+
+def test_seconds_per_token_leaves_the_prefill_out_and_runs_pair_by_id():
+    assert seconds_per_token({"new_tokens": 4, "decode_time_s": 2.0, "wall_time_s": 3.0}) == 0.5
+    assert seconds_per_token({"new_tokens": 0, "decode_time_s": 1.0}) is None
+    assert seconds_per_token({"new_tokens": 2, "wall_time_s": 1.0}) == 0.5  # an older row: its wall time
+    sd = {"ids": ["x", "y", "z"], "groups": ["f", "g", "h"], "seconds_per_token": [2.0, 2.0, 9.0]}
+    ours = {"ids": ["y", "x"], "groups": ["g", "f"], "seconds_per_token": [1.0, 1.0]}
+    assert run_vs(sd, ours)["ratio"] == pytest.approx(2.0) and run_vs(sd, ours)["prompts"] == 2
+    assert run_vs(None, ours) is None
