@@ -144,7 +144,8 @@ def test_the_study_takes_such_a_pair_as_a_hub_pair(study, tmp_path):
     target = params.model_dir("target")
     draft = mirror(target, target, tmp_path / "mirror")
     overrides = {"models": {"hub_pairs": {"mixed": {"target": str(target), "draft": str(draft)}}},
-                 "data": {"dir": str(params.data.dir)}, "study": {"reports": str(tmp_path / "reports")}}
+                 "data": {"dir": str(params.data.dir)}, "study": {"reports": str(tmp_path / "reports")},
+                 "decode": {"sd_gamma": 3}}  # no threshold search for this pair: sd at a fixed gamma
     hub = config.load(smoke_params(tmp_path, overrides))
     ar, sd = run_decode_stage(hub, "mixed", "stdlib_continuation", ["ar", "sd"], limit=2, progress=False)
     assert sd["fidelity"] == 1.0 and sd["draft_own_tokens"] > 0 and sd["drafted"] > 0

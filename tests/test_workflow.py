@@ -161,7 +161,7 @@ def test_smoke_study_killed_resumed_tracked_and_reported(repo):
         assert (repo / "reports-smoke" / "plots" / plot).stat().st_size > 1000
     assert (repo / "reports-smoke" / "dimr" / "smoke" / "search.png").exists()
     csv_rows = (repo / "reports-smoke" / "tables" / "smoke-stdlib_continuation.csv").read_text().splitlines()
-    assert len(csv_rows) == 1 + len(SMOKE_RUNS) and "speedup_vs_ar" in csv_rows[0]
+    assert len(csv_rows) == 1 + len(SMOKE_RUNS) and "vs_sd_best.ratio" in csv_rows[0] and "vs_ar.low" in csv_rows[0]
     slims = md_rows((repo / "reports-smoke" / "tables" / "smoke-stdlib_continuation-slims.md").read_text())
     assert {row[0] for row in slims} >= {"main", "mask_random", "independent"}
     # the cost model the DIMR slim's search stored, every layout with its fitted costs in ms
@@ -218,7 +218,8 @@ def test_smoke_study_killed_resumed_tracked_and_reported(repo):
     by_name = {r.info.run_name: r for r in runs}
     viasd = by_name["evaluate/smoke/stdlib_continuation/viasd"].data
     assert viasd.tags["method"] == "viasd" and viasd.tags["ablation"] == "none" and viasd.tags["stage"] == "evaluate"
-    assert {"rejection_rate", "acceptance_rate", "mean_accepted_length", "speedup_vs_ar", "quality.agreement",
+    assert {"rejection_rate", "acceptance_rate", "mean_accepted_length", "speedup_vs_ar", "speed.vs_ar.ratio",
+            "quality.agreement",
             "accepted_by_tier.accepted_direct", "passes.target"} <= set(viasd.metrics)
     decode = by_name["decode/smoke/stdlib_continuation/viasd-mask_random"].data
     assert decode.tags["ablation"] == "mask_random" and len(decode.tags["git_commit"]) == 40
@@ -316,7 +317,7 @@ def test_dvc_repro_reruns_only_what_a_parameter_change_touches(repo):
 
     # the study's headline is DVC's metrics file; an experiment on a parameter re-runs what it touches only
     metrics = json.loads(run([str(BIN / "dvc"), "metrics", "show", "--json"], repo).stdout)
-    assert "speedup_vs_ar" in json.dumps(metrics) and "fidelity" in json.dumps(metrics)
+    assert "vs_sd_best" in json.dumps(metrics) and "fidelity" in json.dumps(metrics)
     gamma = yaml.safe_load((repo / "params.yaml").read_text())["decode"]["gamma"]
     exp = run([str(BIN / "dvc"), "exp", "run", "-S", f"decode.gamma={gamma + 1}"], repo, timeout=1200)
     second = _stages_run(exp.stdout)
@@ -325,7 +326,7 @@ def test_dvc_repro_reruns_only_what_a_parameter_change_touches(repo):
     assert second == {"decode@smoke-stdlib_continuation", "evaluate@smoke-stdlib_continuation", "report"}
     assert all((repo / "reports-smoke" / "eval" / "smoke" / "stdlib_continuation" / f"{r}.json").exists() for r in DVC_RUNS)
     shown = run([str(BIN / "dvc"), "exp", "show", "--md", "--no-pager"], repo).stdout
-    assert "speedup_vs_ar" in shown and "decode.gamma" in shown, shown[:2000]
+    assert "vs_sd_best" in shown and "decode.gamma" in shown, shown[:2000]
     params = yaml.safe_load((repo / "params.yaml").read_text())
     assert params["decode"]["gamma"] == gamma + 1
 

@@ -287,6 +287,8 @@ class DecodeSession:
             for r in self.every_runner:
                 if r not in unused:
                     r.prefill(self.ids, upto)
+        if self.text_draft is not None:  # a draft with another tokenizer: its own encoding of the prompt's text
+            self.text_draft.prefill(self.ids[0, : self.prompt_len].tolist())
 
     def run(self, block: Callable[[DecodeSession], None]) -> DecodeResult:
         start = time.perf_counter()

@@ -85,6 +85,14 @@ class TextDraft:
         self.runner.rollback(min(self.runner.cached, keep))
         self.seq = seq
 
+    def prefill(self, target_ids: list[int]) -> None:
+        """Feed the draft its encoding of the prompt's text but its last token, recorded as its prefill (as
+        every model's: `DecodeSession.prefill`)."""
+        self._sync(target_ids)
+        if len(self.seq) > 1:
+            ids = torch.tensor([self.seq], dtype=torch.long, device=self.runner.device)
+            self.runner.prefill(ids, len(self.seq) - 1)
+
     @torch.inference_mode()
     def propose(self, target_ids: list[int], g: int) -> list[int]:
         """Up to `g` target tokens continuing `target_ids` (prompt + committed tokens), from `g` greedy
