@@ -347,6 +347,14 @@ def main_costs(params: Params, pair: str, task: str) -> dict | None:
     return costs_from_json(json.loads(path.read_text()).get("pass_cost_model")) if path.exists() else None
 
 
+INTRO = ("Every run decodes the task's test prompts greedily, each prompt by every run in turn in a balanced order. "
+         "Speed is decode time per generated token (the prompt's prefill timed apart); a ratio is the geometric mean "
+         "of the per-prompt paired ratios, with a 95 % interval clustered by source file. `sd` runs at the γ its own "
+         "dev search found cheapest (`sd-gamma_k`: SD at a fixed γ); every `vs sd` is against it. Rejection rate = "
+         "positions rejected by the full model / verified positions (docs/method.md (statistics)). The test split "
+         "is read to report: no choice is made on it.\n")
+
+
 def run_report_stage(params: Params) -> dict:
     from ..tasks import get_task
 
@@ -358,13 +366,7 @@ def run_report_stage(params: Params) -> dict:
             raise StudyInputError(f"no evaluation {path}: run `viasd evaluate --pair {pair} --task {task} "
                                   f"--run {run}` first")
         by_cell.setdefault((pair, task), []).append(json.loads(path.read_text()))
-    summary = [f"# viasd study `{params.study.name}`\n",
-               "Every run decodes the task's test prompts greedily, each prompt by every run in turn in a balanced "
-               "order. Speed is decode time per generated token (the prompt's prefill timed apart); a ratio is the "
-               "geometric mean of the per-prompt paired ratios, with a 95 % interval clustered by source file. "
-               "`sd` runs at the γ its own dev search found cheapest (`sd-gamma_k`: SD at a fixed γ); every "
-               "`vs sd` is against it. Rejection rate = positions rejected by the full model / verified positions "
-               "(docs/method.md (statistics)). The test split is read to report: no choice is made on it.\n"]
+    summary = [f"# viasd study `{params.study.name}`\n", INTRO]
     figures: dict = {}
     for (pair, task), evals in by_cell.items():
         key = f"{pair}-{task}"
