@@ -129,15 +129,15 @@ def test_decode_and_evaluate_commands_on_the_trained_family(study, capsys):
     capsys.readouterr()
     quality = json.loads(eval_path(params, "smoke", "stdlib_continuation", "sd-gamma_3").read_text())["quality"]
     assert quality["agreement"] == 1.0 and {"nll", "chrf", "bleu", "exact_prefix"} <= set(quality)
-    # several runs in one command: one load, each prompt decoded once with ar, every run beside it
-    assert main(["decode", *base, "--run", "ar", "--run", "sd", "--run", "sd-gamma_2", "--limit", "3"]) == 0
+    # several runs in one command (sd at a fixed gamma: this folder has no threshold search): one load, each prompt decoded once with ar, every run beside it
+    assert main(["decode", *base, "--run", "ar", "--run", "sd-gamma_4", "--run", "sd-gamma_2", "--limit", "3"]) == 0
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [p["run"] for p in printed] == ["ar", "sd", "sd-gamma_2"]
+    assert [p["run"] for p in printed] == ["ar", "sd-gamma_4", "sd-gamma_2"]
     summaries = {r: json.loads(decode_paths(params, "smoke", "stdlib_continuation", r)["summary"].read_text())
-                 for r in ("ar", "sd", "sd-gamma_2")}
+                 for r in ("ar", "sd-gamma_4", "sd-gamma_2")}
     ar_rows = [json.loads(line) for line in decode_paths(params, "smoke", "stdlib_continuation", "ar")["rows"]
                .read_text().splitlines()]
-    for run in ("sd", "sd-gamma_2"):
+    for run in ("sd-gamma_4", "sd-gamma_2"):
         rows = [json.loads(line) for line in decode_paths(params, "smoke", "stdlib_continuation", run)["rows"]
                 .read_text().splitlines()]
         assert [r["ar_token_ids"] for r in rows] == [r["token_ids"] for r in ar_rows] == [r["token_ids"] for r in rows]
@@ -145,17 +145,19 @@ def test_decode_and_evaluate_commands_on_the_trained_family(study, capsys):
     assert summaries["ar"]["speedup_vs_ar"] == 1.0 and summaries["ar"]["passes"].get("draft", 0) == 0
     # the same tokens score the same (scored once): fidelity 1 and ar's NLL for every lossless run
     assert all(summaries[r]["fidelity"] == 1.0 and summaries[r]["target_nll"] == summaries["ar"]["target_nll"]
-               for r in ("sd", "sd-gamma_2"))
-    assert main(["evaluate", *base, "--run", "ar", "--run", "sd"]) == 0
+               for r in ("sd-gamma_4", "sd-gamma_2"))
+    assert main(["evaluate", *base, "--run", "ar", "--run", "sd-gamma_4"]) == 0
     evaluated = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [e["run"] for e in evaluated] == ["ar", "sd"] and all(e["quality"]["agreement"] == 1.0 for e in evaluated)
+    assert [e["run"] for e in evaluated] == ["ar", "sd-gamma_4"] and all(e["quality"]["agreement"] == 1.0 for e in evaluated)
     # the evaluation's NLL and fidelity are the decode's target scores, pooled (no second target pass)
-    for run in ("ar", "sd"):
+    for run in ("ar", "sd-gamma_4"):
         quality = json.loads(eval_path(params, "smoke", "stdlib_continuation", run).read_text())["quality"]
         assert quality["nll"] == pytest.approx(summaries[run]["target_nll"]) and quality["fidelity"] == 1.0
         assert quality["fidelity_se"] == 0.0  # clustered by source file (three files here): no spread when lossless
-    # a run that would decode exactly as another (sd-gamma_4 is sd at the default gamma 4) takes its decode
-    assert main(["decode", *base, "--run", "sd", "--run", "sd-gamma_4", "--limit", "2"]) == 0
+    # a run that would decode exactly as another (sd-gamma_4 is sd at decode.sd_gamma 4) takes its decode
+    fixed = src_tmp / "sd-gamma-4.yaml"
+    fixed.write_text("decode: {sd_gamma: 4}\n")
+    assert main(["decode", *base, "--config", str(fixed), "--run", "sd", "--run", "sd-gamma_4", "--limit", "2"]) == 0
     capsys.readouterr()
     twins = {r: json.loads(decode_paths(params, "smoke", "stdlib_continuation", r)["summary"].read_text())
              for r in ("sd", "sd-gamma_4")}
