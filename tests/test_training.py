@@ -129,7 +129,8 @@ def test_decode_and_evaluate_commands_on_the_trained_family(study, capsys):
     capsys.readouterr()
     quality = json.loads(eval_path(params, "smoke", "stdlib_continuation", "sd-gamma_3").read_text())["quality"]
     assert quality["agreement"] == 1.0 and {"nll", "chrf", "bleu", "exact_prefix"} <= set(quality)
-    # several runs in one command (sd at a fixed gamma: this folder has no threshold search): one load, each prompt decoded once with ar, every run beside it
+    # several runs in one command (sd at a fixed gamma: this folder has no threshold search): one load, each
+    # prompt decoded once with ar, every run beside it
     assert main(["decode", *base, "--run", "ar", "--run", "sd-gamma_4", "--run", "sd-gamma_2", "--limit", "3"]) == 0
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [p["run"] for p in printed] == ["ar", "sd-gamma_4", "sd-gamma_2"]
