@@ -217,7 +217,8 @@ def table_rows(evals: list[dict], quality_keys: list[str]) -> list[dict]:
     for e in evals:
         vs_ar = (e.get("speed") or {}).get("vs_ar")
         row = {key: e.get(key) for key, _ in COLUMNS}
-        row.update(gamma=None if e.get("method") == "ar" else e.get("policy", {}).get("gamma"), vs_sd_best_text=describe(e.get("vs_sd_best")),
+        gamma = None if e.get("method") == "ar" else e.get("policy", {}).get("gamma")
+        row.update(gamma=gamma, vs_sd_best_text=describe(e.get("vs_sd_best")),
                    vs_ar_text=describe(vs_ar))
         for name, ratio in (("vs_sd_best", e.get("vs_sd_best")), ("vs_ar", vs_ar)):
             row.update({f"{name}.{k}": (ratio or {}).get(k) for k in ("ratio", "low", "high")})
