@@ -8,11 +8,10 @@ import hashlib
 import math
 import sys
 import sysconfig
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from .near_duplicates import GroupingParams, near_duplicate_groups
+from .near_duplicates import GroupingParams, group_sizes, near_duplicate_groups
 
 SPLITS = ("train", "calibration", "dev", "test")
 _EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
@@ -69,7 +68,7 @@ def stdlib_files(fractions: dict, grouping: GroupingParams, max_files: int | Non
         if text.strip():
             texts[rel.as_posix()] = text
     groups = near_duplicate_groups(texts, grouping)
-    sizes = Counter(groups.values())
+    sizes = group_sizes(groups)
     found = [SourceFile(key, group_split(groups[key], sizes[groups[key]], fractions, grouping),
                         hashlib.sha256(text.encode()).hexdigest(), text, groups[key])
              for key, text in texts.items()]

@@ -199,11 +199,8 @@ class TrunkRunner(ModelRunner):
         self.cached = upto
 
     def prefill(self, ids: torch.Tensor, upto: int) -> None:
-        self._prefilling = True
-        try:
+        with self.prefilling():
             self.advance(ids, upto)
-        finally:
-            self._prefilling = False
 
     def forward(self, ids, upto, n_logits):  # the trunk has no head
         raise TypeError("the trunk yields hidden states: use advance()")

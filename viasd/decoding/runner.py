@@ -76,9 +76,15 @@ class ModelRunner:
     def prefill(self, ids: torch.Tensor, upto: int) -> None:
         """Feed the prompt's `ids[0, :upto]` (all but its last token) in one pass, recorded as the prefill: the
         decoding passes after it are then each model's own work per generated token, whatever the method."""
+        with self.prefilling():
+            self.forward(ids, upto, 1)
+
+    @contextmanager
+    def prefilling(self):
+        """Passes run inside are recorded as the prompt's prefill (`timed`)."""
         self._prefilling = True
         try:
-            self.forward(ids, upto, 1)
+            yield
         finally:
             self._prefilling = False
 
