@@ -1,4 +1,5 @@
-# The VIA-SD study: prepare_data -> train_models -> dimr_search -> train_router -> tune_thresholds -> decode -> evaluate -> report.
+# The VIA-SD study: prepare_corpus -> train_model -> dimr_search -> train_router -> tune_thresholds -> decode -> evaluate -> report
+# (the rules, in that order: workflow/report/workflow.rst, the report's front page).
 # Every rule calls a `viasd` subcommand; parameters come from params.yaml (validated on load), with
 # `--configfile config/smoke.yaml` merged over it for the smoke configuration.
 from snakemake.utils import min_version

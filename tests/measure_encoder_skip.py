@@ -21,7 +21,7 @@ from tiny_models import build_tokenizer  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 from viasd import DecodePolicy, load_models  # noqa: E402
-from viasd.decoding.routing import RoutingMask, SlimVerifier, num_encoder_layers  # noqa: E402
+from viasd.decoding.slim import RoutingMask, SlimVerifier, num_encoder_layers  # noqa: E402
 from viasd.search.dimr import MaskCost  # noqa: E402
 
 root = Path(tempfile.mkdtemp(prefix="encoder-skip-"))

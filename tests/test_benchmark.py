@@ -49,7 +49,7 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     paired = sorted(v / s for v, s in zip(viasd_rounds, sd_rounds))
     assert result["ratio_rounds"]["viasd_vs_sd"] == pytest.approx({"min": paired[0], "median": statistics.median(paired),
                                                                    "max": paired[-1]})
-    from viasd.stages.bench_stage import bench_record
+    from viasd.bench.command import bench_record
 
     paths = bench_paths(params, "smoke", "stdlib_continuation")
     metrics = bench_record({**result, "files": paths}).metrics  # the MLflow run has the range beside each ratio
@@ -160,7 +160,7 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
 
 
 def test_bench_refuses_a_speedup_when_outputs_differ(study):
-    from viasd.benchmark import BenchError, BenchMethod, run_benchmark
+    from viasd.bench.timing import BenchError, BenchMethod, run_benchmark
     from viasd.decoding.policy import DecodePolicy
     from viasd.models import load_models
 
@@ -190,7 +190,7 @@ def test_bench_rounds_interleave_the_methods_by_prompt():
     """A timed round runs every method on a prompt before the next prompt, in the orders of a Williams design:
     over n consecutive prompts (2n for odd n) each method runs in each place equally often and directly after
     each other method equally often, whichever prompt and round the run of prompts starts at."""
-    from viasd.run_order import interleaved
+    from viasd.evaluation.run_order import interleaved
 
     for n in (2, 3, 4, 5, 6):
         methods = [f"m{j}" for j in range(n)]
@@ -221,7 +221,7 @@ def test_study_decodes_side_by_side_in_the_benchs_balanced_order(model_sets, tok
     over 8 prompts each of the 4 runs in each place, and right after each other run, twice; the oracle peeks for
     itself (its peeks timed apart) instead of reading `ar`'s output; the warm-up comes first."""
     from viasd import DecodePolicy
-    from viasd.evaluation import decode_side_by_side
+    from viasd.evaluation.side_by_side import decode_side_by_side
     from viasd.tasks.base import Example
 
     models = model_sets("llama")
@@ -250,7 +250,7 @@ def test_bench_accepts_only_numerical_ties():
     import transformers as tf
     from tiny_models import config_for
 
-    from viasd.benchmark import BenchError, check_outputs, tie_gap
+    from viasd.bench.timing import BenchError, check_outputs, tie_gap
 
     torch.manual_seed(0)
     model = tf.AutoModelForCausalLM.from_config(config_for("llama", 2, 64, 0)).eval()

@@ -7,7 +7,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from viasd.data.corpus import SourceFile
-from viasd.evaluation import task_quality
+from viasd.evaluation.side_by_side import task_quality
 from viasd.metrics import scoring
 from viasd.metrics.code_checks import body_end, compiles, function_source, generated_body
 from viasd.tasks import get_task

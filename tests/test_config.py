@@ -53,8 +53,8 @@ def test_schema_enums_agree_with_the_code():
     from viasd.config import KNOWN_TASKS, SCHEMA, DecodeParams
     from viasd.decoding.policy import CACHE_KINDS, DEFAULT_CACHE, ROUTERS, SPEC_CASCADE_RULES
     from viasd.decoding.tiers import CONFIDENCES, SCORES
-    from viasd.search.cost import COSTS
     from viasd.search.dimr import BASELINES
+    from viasd.search.mask_cost import COSTS
     from viasd.tasks.builtin import BUILTIN
     from viasd.tasks.hub import HUB_TASKS
 

@@ -138,7 +138,7 @@ def test_the_study_takes_such_a_pair_as_a_hub_pair(study, tmp_path):
     from study_fixtures import smoke_params
 
     from viasd import config
-    from viasd.stages.decode_stage import run_decode_stage
+    from viasd.stages.decode import run_decode_stage
 
     src, params = study
     target = params.model_dir("target")
@@ -213,7 +213,7 @@ def test_methods_that_need_the_drafts_distribution_are_refused(pairs, tokenizer)
 def test_bench_compares_with_universal_assisted_generation(pairs, tokenizer):
     """`viasd bench` on the pair: transformers' assisted generation gets both tokenizers (universal
     assisted generation), and every lossless method writes the same tokens."""
-    from viasd.benchmark import method_table, run_benchmark
+    from viasd.bench.timing import method_table, run_benchmark
 
     models = pairs["other"]  # transformers tells the tokenizers apart by their sizes (256 and 300)
     prompts = [tokenizer(p)["input_ids"] for p in PROMPTS[:2]]

@@ -10,11 +10,11 @@ from search_helpers import complete_trials, kill_after_trials
 from study_fixtures import smoke_params
 
 from viasd import config, load_models
-from viasd.decoding.routing import RoutingMask
-from viasd.search.calibration import CalibrationError, load_calibration
-from viasd.search.cost import kl, position_costs
+from viasd.decoding.slim import RoutingMask
+from viasd.search.calibration_set import CalibrationError, load_calibration
 from viasd.search.dimr import MaskCost, SearchError, top_k_mask
-from viasd.stages.dimr_stage import run_dimr_stage
+from viasd.search.mask_cost import kl, position_costs
+from viasd.stages.dimr_search import run_dimr_stage
 from viasd.study.paths import mask_paths
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from viasd import tracking
+from viasd.study import tracking
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # what a closed network needs (without them Chromium's background connections fail at every start)

@@ -51,8 +51,8 @@ def test_the_decoding_library_imports_no_tracking_search_or_workflow():
     code = ("import importlib, sys\n"
             f"for m in {modules!r}: importlib.import_module(m)\n"
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('mlflow', 'optuna', 'dvc', 'snakemake') or "
-            "m.startswith(('viasd.stages', 'viasd.search', 'viasd.tracking', 'viasd.config', 'viasd.cli', "
-            "'viasd.training', 'viasd.evaluation', 'viasd.benchmark')))\n"
+            "m.startswith(('viasd.stages', 'viasd.search', 'viasd.study.tracking', 'viasd.config', 'viasd.cli', "
+            "'viasd.training', 'viasd.evaluation.side_by_side', 'viasd.bench.timing')))\n"
             "print(','.join(bad))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert len(modules) >= 15 and out.stdout.strip() == ""

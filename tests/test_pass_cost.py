@@ -75,7 +75,7 @@ def test_decode_seconds_leave_out_the_prefill_and_the_encoding():
 def test_the_wall_factor_per_gamma_pools_the_decodes_weighted_by_prompts():
     """Per gamma: sum(prompts x wall) / sum(prompts x model) over every point; a recalibration (a competing
     search's trials come calibrated) starts from the model cost a point kept, not from its calibrated one."""
-    from viasd.search.wall_calibration import calibrated, wall_factors
+    from viasd.search.wall_factors import calibrated, wall_factors
 
     points = [{"gamma": 2, "cost_per_token": 1.0, "decode_wall_per_token": 1.2, "prompts": 3},
               {"gamma": 2, "cost_per_token": 2.0, "decode_wall_per_token": 2.0, "prompts": 1},  # a pruned trial

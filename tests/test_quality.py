@@ -48,7 +48,7 @@ def test_constraints():
 
 
 def test_position_table_reads_pass_rates_per_position():
-    from viasd.stages.report_stage import position_table
+    from viasd.report.tables import position_table
 
     evals = [{"run": "viasd", "method": "viasd", "position_reached": [10, 6, 3], "position_settled": [6, 3, 0],
               "gated_rate": 0.2, "block_escalation_rate": 0.9},
@@ -68,7 +68,7 @@ def test_task_drop_standard_error_by_the_jackknife():
     identical outputs have SE 0."""
     import statistics
 
-    from viasd.evaluation import task_drop_standard_error
+    from viasd.evaluation.side_by_side import task_drop_standard_error
     from viasd.tasks.base import Example, TaskSpec
 
     spec = TaskSpec("x", ("exact_match",))

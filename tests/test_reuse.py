@@ -11,7 +11,7 @@ from test_stats import check_accounting
 from viasd import DecodePolicy
 from viasd.decoding.engine import decode
 from viasd.decoding.reuse import SharedPrefix, prefix_length, shared_prefix
-from viasd.decoding.routing import RoutingMask, SlimVerifier
+from viasd.decoding.slim import RoutingMask, SlimVerifier
 
 N_NEW = 40
 

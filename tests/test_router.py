@@ -12,10 +12,10 @@ from conftest import PROMPTS
 from test_stats import check_accounting
 
 from viasd import DecodePolicy, load_models
-from viasd.decoding.router import FEATURES, LearnedRouter, LogisticHead, RouterRows
+from viasd.decoding.tier_router import FEATURES, LearnedRouter, LogisticHead, RouterRows
 from viasd.errors import PolicyError, ViasdError
 from viasd.metrics.model_metrics import score_outputs
-from viasd.training.router import auc, fit_router, heldout_rows, load_router, reliability, save_router
+from viasd.training.tier_router import auc, fit_router, heldout_rows, load_router, reliability, save_router
 
 N_NEW = 40
 
@@ -284,8 +284,8 @@ def test_router_stage_fits_and_a_decode_uses_it(study):
     """`viasd train-router` on the smoke family: the router file with held-out figures and its plot, the
     probe on the shared trunk; a decode with it runs, and its tier decisions follow its probabilities."""
     from viasd.decoding.reuse import prefix_length
-    from viasd.stages.dimr_stage import run_dimr_stage
-    from viasd.stages.router_stage import run_router_stage
+    from viasd.stages.dimr_search import run_dimr_stage
+    from viasd.stages.train_router import run_router_stage
     from viasd.study.paths import mask_paths, router_paths
 
     _, params = study
@@ -315,7 +315,7 @@ def test_router_stage_fits_and_a_decode_uses_it(study):
 def test_decode_key_shares_a_decode_only_between_identical_runs():
     """Runs decode alike iff their policies are equal and so are their slims, unless every tier is off (no
     slim pass runs then): the decode stage decodes such runs once (`same_decode_as`)."""
-    from viasd.stages.decode_stage import decode_key
+    from viasd.stages.decode import decode_key
 
     tuned = DecodePolicy(method="viasd", gamma=3, tau_accept=0.9, tau_slim=0.7, max_new_tokens=8)
     off = DecodePolicy(method="viasd", gamma=4, tau_accept=math.inf, tau_slim=math.inf, max_new_tokens=8)
@@ -327,7 +327,7 @@ def test_decode_key_shares_a_decode_only_between_identical_runs():
 
 
 def test_the_report_names_the_runs_that_share_a_decode():
-    from viasd.stages.report_stage import shared_decodes
+    from viasd.report.tables import shared_decodes
 
     evals = [{"run": "viasd"}, {"run": "viasd-mask_truncate", "same_decode_as": "viasd"},
              {"run": "viasd-mask_random", "same_decode_as": None}, {"run": "viasd-rules", "same_decode_as": "viasd-mask_random"},
@@ -338,7 +338,7 @@ def test_the_report_names_the_runs_that_share_a_decode():
 
 
 def test_headroom_share_by_hand():
-    from viasd.decoding.router import headroom_share
+    from viasd.decoding.tier_router import headroom_share
 
     assert headroom_share(1.1, 1.2) == pytest.approx(0.5)  # 10 % of the oracle's 20 %
     assert headroom_share(0.95, 1.25) == pytest.approx(-0.2)  # slower than SD: a negative share
@@ -347,7 +347,7 @@ def test_headroom_share_by_hand():
 
 def test_position_features_by_hand():
     """One draft position and the bonus row over a 3-token vocabulary, every feature computed by hand."""
-    from viasd.decoding.router import position_features
+    from viasd.decoding.tier_router import position_features
 
     p = torch.tensor([[0.5, 0.25, 0.25]])
     q = torch.tensor([[0.25, 0.5, 0.25], [0.8, 0.1, 0.1]])
@@ -373,7 +373,7 @@ def test_report_gives_the_oracle_headroom_measured_and_modelled():
     """The report's oracle lines: `viasd` and the oracles against `sd`, each measured (the geometric mean of per-prompt
     paired ratios of decode seconds per token) and modelled (their passes under the cost model), and the share of
     each oracle's headroom `viasd` takes, the budgeted oracle's first; by hand."""
-    from viasd.report_headroom import oracle_headroom
+    from viasd.report.headroom import oracle_headroom
     from viasd.search.pass_cost import PassCost
 
     def run(name, speed, target_passes, **extra):

@@ -8,7 +8,7 @@ import torch
 import transformers as tf
 from tiny_models import ARCHS, config_for
 
-from viasd.decoding.routing import RoutingMask, SlimVerifier, evenly_spaced_mask, find_layer_stack, shares_storage
+from viasd.decoding.slim import RoutingMask, SlimVerifier, evenly_spaced_mask, find_layer_stack, shares_storage
 from viasd.errors import MaskError, UnsupportedArchitectureError
 
 STACKS = {"llama": "model.layers", "mistral": "model.layers", "qwen2": "model.layers", "qwen3": "model.layers",

@@ -15,8 +15,8 @@ from transformers.cache_utils import DummyLayer
 
 from viasd import DecodePolicy, load_models
 from viasd.decoding.kv_cache import cache_parts
-from viasd.decoding.routing import RoutingMask, SlimVerifier, find_layer_stack, num_decoder_layers, shares_storage
 from viasd.decoding.sampling import Sampler
+from viasd.decoding.slim import RoutingMask, SlimVerifier, find_layer_stack, num_decoder_layers, shares_storage
 from viasd.errors import PolicyError
 
 LAYOUTS = ["t5", "bart"]
@@ -216,7 +216,7 @@ def test_sampled_sd_has_the_targets_distribution(seq2seq, tokenizer):
 def test_bench_runs_every_method_and_the_transformers_baselines(seq2seq, tokenizer):
     """`viasd bench`'s benchmark on the T5 pair: every method and transformers' greedy and assisted
     generation for seq2seq, with the same-output check of the lossless ones."""
-    from viasd.benchmark import method_table, run_benchmark
+    from viasd.bench.timing import method_table, run_benchmark
 
     models = seq2seq("t5")
     prompts = [tokenizer(p)["input_ids"] for p in PROMPTS[:2]]
@@ -239,7 +239,7 @@ def test_dimr_searches_the_decoder_on_split_windows(seq2seq, tokenizer, tmp_path
     """DIMR on an encoder-decoder pair: each calibration window's first half is the source, the rest the
     target; the all-layers slim costs nothing against the target, a routed one does, and the search
     returns a mask of the budget over the decoder's layers."""
-    from viasd.search.calibration import greedy_choices, window_logits
+    from viasd.search.calibration_set import greedy_choices, window_logits
     from viasd.search.dimr import DimrConfig, MaskCost, dimr_search
 
     models = seq2seq(layout)
@@ -274,7 +274,7 @@ def test_a_slim_can_skip_encoder_layers(seq2seq, tokenizer, tmp_path, layout):
     target's weights. Lossless methods stay lossless with it; the mask file carries it."""
     import json
 
-    from viasd.decoding.routing import find_encoder_stack, num_encoder_layers
+    from viasd.decoding.slim import find_encoder_stack, num_encoder_layers
     from viasd.errors import MaskError
 
     models = seq2seq(layout)

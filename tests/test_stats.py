@@ -4,7 +4,7 @@ import pytest
 from conftest import PROMPTS
 
 from viasd import DecodePolicy, SamplingConfig
-from viasd.decoding.routing import RoutingMask
+from viasd.decoding.slim import RoutingMask
 
 N_NEW = 40
 MODES = {"greedy": SamplingConfig(), "sampled": SamplingConfig(temperature=1.0, top_p=0.9)}

@@ -12,10 +12,10 @@ from study_fixtures import smoke_params
 from viasd import config
 from viasd.config import ConfigError
 from viasd.errors import StudyInputError
-from viasd.runs import parse_run
 from viasd.search.storage import optuna_storage
-from viasd.stages.dimr_stage import grid_costs
+from viasd.stages.dimr_search import grid_costs
 from viasd.study.cells import run_inputs, run_policy
+from viasd.study.runs import parse_run
 from viasd.study.slims import slims_to_tune
 
 
@@ -168,7 +168,7 @@ def test_hub_pair_resolves_to_its_ids(tmp_path):
 
 def test_prefix_ablation_is_its_own_dimr_search(tmp_path):
     """`viasd-prefix_<n>`: a DIMR mask searched keeping layers 0..n-1, with its own files and thresholds."""
-    from viasd.stages.dimr_stage import grid_searches
+    from viasd.stages.dimr_search import grid_searches
     from viasd.study.paths import mask_paths
     from viasd.study.slims import mask_file, slim_name, slims_to_tune
 

@@ -217,7 +217,7 @@ def test_the_choice_ranks_the_calibrated_costs():
     from viasd.metrics.quality import QualityConstraints
     from viasd.search.choice import choose
     from viasd.search.thresholds import ThresholdConfig
-    from viasd.search.wall_calibration import calibrated, wall_factors
+    from viasd.search.wall_factors import calibrated, wall_factors
 
     cfg = ThresholdConfig(quality=QualityConstraints(min_fidelity=0.95, max_task_drop=None))
 

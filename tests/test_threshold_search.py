@@ -11,13 +11,13 @@ from search_helpers import check_the_choice, complete_trials, kill_after_trials
 from study_fixtures import smoke_params
 
 from viasd import config, load_models
-from viasd.decoding.router import headroom_share
+from viasd.decoding.tier_router import headroom_share
 from viasd.search.choice import InfeasibleError
 from viasd.search.pass_cost import cost_per_token, costs_from_json
 from viasd.search.thresholds import POLICY_KEYS
-from viasd.stages.dimr_stage import run_dimr_stage
-from viasd.stages.router_stage import run_router_stage
-from viasd.stages.thresholds_stage import run_thresholds_stage, warm_start_points
+from viasd.stages.dimr_search import run_dimr_stage
+from viasd.stages.train_router import run_router_stage
+from viasd.stages.tune_thresholds import run_thresholds_stage, warm_start_points
 from viasd.study.paths import mask_paths, threshold_paths
 
 
@@ -119,7 +119,7 @@ def test_generate_decodes_a_study_cell_as_the_study_does(study, capsys):
     slim and learned router, the task's stop strings): on the decode stage's prompts it writes the decode
     stage's tokens; a policy flag overrides that field alone."""
     from viasd.cli import main
-    from viasd.stages.decode_stage import run_decode_stage
+    from viasd.stages.decode import run_decode_stage
     from viasd.study.paths import decode_paths
     from viasd.tasks import load_examples
 
@@ -159,7 +159,7 @@ def test_generate_decodes_a_study_cell_as_the_study_does(study, capsys):
 def test_a_baseline_mask_equal_to_the_dimr_mask_takes_its_thresholds(study, monkeypatch):
     """`truncate` is often the DIMR mask itself (a LayerSkip-trained target): its search would tune the
     same slim again, so it takes the main result, marked, with no search of its own."""
-    from viasd.stages import thresholds_stage
+    from viasd.stages import tune_thresholds as thresholds_stage
     from viasd.study.slims import slim_description
 
     _, params = study

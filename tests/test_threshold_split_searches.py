@@ -10,9 +10,9 @@ from search_helpers import check_the_choice
 from study_fixtures import smoke_params
 
 from viasd import config
-from viasd.stages.dimr_stage import run_dimr_stage
-from viasd.stages.router_stage import run_router_stage
-from viasd.stages.thresholds_stage import run_thresholds_stage
+from viasd.stages.dimr_search import run_dimr_stage
+from viasd.stages.train_router import run_router_stage
+from viasd.stages.tune_thresholds import run_thresholds_stage
 from viasd.study.paths import threshold_paths
 
 
@@ -81,7 +81,7 @@ def test_a_search_part_of_a_slim_with_the_dimr_mask_runs_nothing(study, monkeypa
     """A slim ablation whose mask is the DIMR mask takes main's result (in the serial stage): its part
     loads no model and runs no search."""
     from viasd.search.workers import PART
-    from viasd.stages import thresholds_stage
+    from viasd.stages import tune_thresholds as thresholds_stage
     from viasd.study.slims import slim_description
 
     _, params = study

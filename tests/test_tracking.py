@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 
-from viasd import tracking
+from viasd.study import tracking
 
 
 def _git(cwd, *args):

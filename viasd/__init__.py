@@ -10,8 +10,8 @@ Notebook use::
 
 from .decoding.engine import DecodeResult, decode
 from .decoding.policy import METHODS, DecodePolicy
-from .decoding.routing import RoutingMask, SlimVerifier
 from .decoding.sampling import SamplingConfig
+from .decoding.slim import RoutingMask, SlimVerifier
 from .decoding.stats import DecodeStats
 from .errors import ViasdError
 from .models import ModelSet, load_model, load_models, load_tokenizer

@@ -110,8 +110,8 @@ def _check_semantics(raw: dict, source: str) -> None:
         if have is not None and have < needed:
             raise ConfigError(f"{source}: tasks.{task}.dev_prompts: {have} dev prompts, but the threshold search "
                               f"decodes thresholds.dev_prompts + confirm_prompts = {needed}")
-    from .decoding.router import floor_budget
-    from .runs import parse_run
+    from .decoding.tier_router import floor_budget
+    from .study.runs import parse_run
 
     for i, run in enumerate(study["runs"]):
         try:

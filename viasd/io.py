@@ -1,5 +1,6 @@
 """Atomic file outputs: write to a temporary sibling, then rename, so that a killed stage never
-leaves a half-written file or directory behind."""
+leaves a half-written file or directory behind; figures (PNG, matplotlib's Agg backend: no display
+needed) likewise."""
 
 from __future__ import annotations
 
@@ -63,3 +64,22 @@ def atomic_dir(path: Path):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files only, no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: Path) -> None:
+    """Save `fig` to `path` atomically (a temporary sibling, then a rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    tmp.replace(path)

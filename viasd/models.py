@@ -19,9 +19,9 @@ from torch import nn
 from .decoding.engine import DecodeResult, decode
 from .decoding.intermediate import IndependentVerifier
 from .decoding.policy import DecodePolicy
-from .decoding.router import LearnedRouter, RouterRows
-from .decoding.routing import RoutingMask, SlimVerifier, num_decoder_layers
 from .decoding.seq2seq import is_encoder_decoder
+from .decoding.slim import RoutingMask, SlimVerifier, num_decoder_layers
+from .decoding.tier_router import LearnedRouter, RouterRows
 from .errors import ModelLoadError, PromptError, VocabularyMismatchError
 
 log = logging.getLogger(__name__)

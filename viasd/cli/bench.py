@@ -11,7 +11,7 @@ from .common import add_generation_args, add_pair, load_params, stage_parser, tr
 
 
 def add_bench(sub) -> None:
-    from ..benchmark import HF, VIASD_VARIANTS
+    from ..bench.timing import HF, VIASD_VARIANTS
     from ..decoding.policy import METHODS
 
     p = stage_parser(sub, "bench", "speed side by side: our methods vs transformers generate / assisted generation",
@@ -43,7 +43,7 @@ def add_bench(sub) -> None:
 
 
 def _bench(args) -> int:
-    from ..stages.bench_stage import bench_record, default_methods, run_bench_stage, run_sweep
+    from ..bench.command import bench_record, default_methods, run_bench_stage, run_sweep
 
     params = load_params(args)
     for name, value in (("--prompts", args.prompts), ("--repeats", args.repeats)):

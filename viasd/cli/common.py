@@ -31,7 +31,7 @@ def track(args, params, record) -> None:
     to date records nothing: its open run is discarded."""
     if args.no_track:
         return
-    from ..tracking import discard_run, input_hashes, record_children, record_run, spool_run, tracking_uri
+    from ..study.tracking import discard_run, input_hashes, record_children, record_run, spool_run, tracking_uri
 
     root = args.params.resolve().parent
     run_id, args.run_id = getattr(args, "run_id", None), None  # completed (or discarded) here, once
@@ -60,7 +60,7 @@ def open_stage_run(args) -> None:
     args.run_id = None
     if getattr(args, "no_track", True) or args.command in ("tracking-init", "resolve-params"):
         return
-    from ..tracking import PARENT_ENV, deliver_pending, dvc_invocation, dvc_parent_run, open_run
+    from ..study.tracking import PARENT_ENV, deliver_pending, dvc_invocation, dvc_parent_run, open_run
 
     try:
         params = load_params(args)
@@ -85,7 +85,7 @@ def open_stage_run(args) -> None:
 
 def close_stage_run(args, error: BaseException | None) -> None:
     """End the stage's run if `track` did not complete it: FAILED with the error, else FINISHED."""
-    from ..tracking import close_run
+    from ..study.tracking import close_run
 
     run_id = getattr(args, "run_id", None)
     if run_id:
@@ -105,7 +105,7 @@ def live_metric(args, key: str, every: int = 1):
     run_id = getattr(args, "run_id", None)
     if not run_id:
         return None
-    from ..tracking import log_live
+    from ..study.tracking import log_live
 
     root = args.params.resolve().parent
 
@@ -153,7 +153,7 @@ def add_grid_cells(p) -> None:
 def grid_cells(args, runs: list[str] | None = None):
     """Parameters, pair and run specs of a `--pair/--task/--run ...` command (`runs`, else --run, else
     `study.runs`)."""
-    from ..runs import parse_run
+    from ..study.runs import parse_run
 
     params = load_params(args)
     specs = []

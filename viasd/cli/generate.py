@@ -164,7 +164,7 @@ def policy_overrides(args, base: DecodePolicy) -> dict:
 
 def _direct(args):
     """Policy and models from the command line alone."""
-    from ..decoding.routing import RoutingMask, num_decoder_layers
+    from ..decoding.slim import RoutingMask, num_decoder_layers
     from ..models import load_models
 
     if not args.target:
@@ -189,7 +189,7 @@ def _direct(args):
         if args.independent:  # after the masks: the independent model is the largest level
             models.add_independent_from(args.independent, device, args.dtype, args.trust_remote_code)
     if args.router_file is not None:
-        from ..training.router import load_router
+        from ..training.tier_router import load_router
 
         models.router = load_router(args.router_file)
     return policy, models

@@ -29,28 +29,17 @@ def add_prepare_data(sub) -> None:
 
 
 def _prepare_data(args) -> int:
-    from ..data.prepare import prepare_corpus, prepare_tasks
     from ..errors import ViasdError
-    from ..study.record import StageRecord
+    from ..stages.prepare_data import run_prepare_corpus, run_prepare_tasks
 
     if (args.task or args.split) and args.only != "tasks":
         raise ViasdError("--task and --split select prompts: use them with --only tasks")
     params = load_params(args)
-    out = params.data.dir
     if args.only in (None, "corpus"):
-        manifest = prepare_corpus(params)
-        track(args, params, StageRecord(
-            "prepare_data", "prepare_corpus", {"data": params.section("data")},
-            {f"tokens_{k}": v for k, v in manifest["tokens"].items()} | {"vocab_size": manifest["vocab_size"]},
-            {"python_version": manifest["python_version"], "pair": "-"}, [out / "manifest.json"]))
+        track(args, params, run_prepare_corpus(params))
     if args.only in (None, "tasks"):
-        splits = (args.split,) if args.split else ("dev", "test")
-        written = prepare_tasks(params, args.task, splits)
-        name = "prepare_tasks" + (f"/{'+'.join(args.task)}" if args.task else "") + (f"/{args.split}" if args.split else "")
-        track(args, params, StageRecord(
-            "prepare_data", name, {"tasks": {t: params.tasks[t] for t in args.task or params.tasks}},
-            {"examples": sum(len(p.read_text().splitlines()) for p in written)}, {"pair": "-"}, written))
-    print(out)
+        track(args, params, run_prepare_tasks(params, args.task, args.split))
+    print(params.data.dir)
     return 0
 
 
@@ -64,24 +53,15 @@ def add_train_model(sub) -> None:
 
 
 def _train_model(args) -> int:
-    from ..study.record import StageRecord
-    from ..training.train import train_with_report
+    from ..stages.train_model import run_train_model
 
     params = load_params(args)
     live = live_metric(args, "train_loss", every=10)  # the loss while training runs, in the stage's open run
-    out, report = train_with_report(params, args.role, on_step=live)
-    track(args, params, StageRecord(
-        "train_model", f"train_model/{args.role}",
-        {"arch": vars(params.family.arch(args.role)), "train": vars(params.train), "seed": params.seed},
-        {k: report[k] for k in ("parameters", "steps", "train_seconds", "tokens_per_second", "test_nll",
-                                "test_perplexity", "final_loss")},
-        {"role": args.role, "pair": params.family.name}, [out / "training.json"],
-        None if live else {"train_loss": report["loss_curve"]},
-        inputs={"data.manifest": params.data.dir / "manifest.json"}))
+    _, report, record = run_train_model(params, args.role, on_step=live, live=live is not None)
+    track(args, params, record)
     print(json.dumps({k: report[k] for k in ("role", "parameters", "steps", "train_seconds", "test_nll",
                                              "test_perplexity")}))
     return 0
-
 
 
 def add_dimr_search(sub) -> None:
@@ -113,7 +93,7 @@ def worker_of(args, count: int, key: str):
 
 
 def _dimr_search(args) -> int:
-    from ..stages.dimr_stage import grid_searches, run_dimr_stage
+    from ..stages.dimr_search import grid_searches, run_dimr_stage
 
     params = load_params(args)
     pair = params.pair(args.pair)
@@ -130,7 +110,7 @@ def _dimr_search(args) -> int:
 
 
 def _dimr_search_one(args, params, pair, **overrides) -> None:
-    from ..stages.dimr_stage import run_dimr_stage
+    from ..stages.dimr_search import run_dimr_stage
 
     records = []
     out = run_dimr_stage(params, pair=pair, records=records, **overrides)
@@ -147,7 +127,7 @@ def add_train_router(sub) -> None:
 
 
 def _train_router(args) -> int:
-    from ..stages.router_stage import router_record, run_router_stage
+    from ..stages.train_router import router_record, run_router_stage
 
     params = load_params(args)
     pair = params.pair(args.pair)
@@ -159,7 +139,7 @@ def _train_router(args) -> int:
 
 
 def _slim_name(text: str) -> str:
-    from ..runs import SLIM_ABLATIONS, parse_run
+    from ..study.runs import SLIM_ABLATIONS, parse_run
 
     try:
         if text in ("main", "rules") or text in SLIM_ABLATIONS or parse_run(f"viasd-{text}").prefix is not None:
@@ -170,7 +150,7 @@ def _slim_name(text: str) -> str:
 
 
 def add_tune_thresholds(sub) -> None:
-    from ..runs import SLIM_ABLATIONS
+    from ..study.runs import SLIM_ABLATIONS
 
     p = stage_parser(sub, "tune-thresholds", "tune VIA-SD's tau_accept, tau_slim, gamma and rules on a dev split",
                       _tune_thresholds)
@@ -191,7 +171,7 @@ def _tune_thresholds(args) -> int:
     from ..config import ConfigError
     from ..decoding.policy import TUNED_FIELDS
     from ..search.workers import PART
-    from ..stages.thresholds_stage import run_thresholds_stage
+    from ..stages.tune_thresholds import run_thresholds_stage
 
     params = load_params(args)
     pair = params.pair(args.pair)
@@ -225,7 +205,7 @@ def add_decode(sub) -> None:
 
 
 def _decode(args) -> int:
-    from ..stages.decode_stage import decode_record, run_decode_stage
+    from ..stages.decode import decode_record, run_decode_stage
 
     params, pair, specs = grid_cells(args)
     summaries = run_decode_stage(params, pair.name, args.task, [s.name for s in specs], args.limit)
@@ -245,7 +225,7 @@ def add_evaluate(sub) -> None:
 
 
 def _evaluate(args) -> int:
-    from ..stages.evaluate_stage import evaluate_record, run_evaluate_stage
+    from ..stages.evaluate import evaluate_record, run_evaluate_stage
 
     params, pair, specs = grid_cells(args)
     outs = run_evaluate_stage(params, pair.name, args.task, [s.name for s in specs])
@@ -262,7 +242,7 @@ def add_report(sub) -> None:
 
 
 def _report(args) -> int:
-    from ..stages.report_stage import report_record, run_report_stage
+    from ..stages.report import report_record, run_report_stage
     from ..study.paths import report_paths
 
     params = load_params(args)
@@ -309,7 +289,7 @@ def add_tracking_init(sub) -> None:
 
 
 def _tracking_init(args) -> int:
-    from ..tracking import close_run, deliver_pending, init_store, open_run
+    from ..study.tracking import close_run, deliver_pending, init_store, open_run
 
     params = load_params(args)
     if args.no_track:

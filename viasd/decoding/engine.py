@@ -23,14 +23,14 @@ from .methods import viasd as viasd_method
 from .policy import DecodePolicy
 from .processors import build, resolve
 from .reuse import ExitRunner, RestRunner, TrunkRunner, shared_prefix
-from .router import LearnedRouter, RouterRows
-from .routing import SlimVerifier
 from .runner import ModelRunner
 from .sampling import Sampler
 from .seq2seq import decoder_start_id, encode, is_encoder_decoder, text_config
+from .slim import SlimVerifier
 from .stats import DecodeStats
 from .stopping import StopRule
 from .text_draft import TextDraft
+from .tier_router import LearnedRouter, RouterRows
 
 LOOP = "loop"  # the pseudo-layout of the decode loop's per-block work in `DecodeStats.pass_widths`
 

@@ -12,7 +12,7 @@ from .sampling import SamplingConfig
 METHODS = ("ar", "sd", "cascade_sd", "spec_cascade", "viasd")
 LOSSLESS = frozenset({"ar", "sd", "cascade_sd"})
 SPEC_CASCADE_RULES = ("chow", "diff", "opt", "token_v1", "token_v2", "token_v3")
-ROUTERS = ("rules", "learned", "oracle")  # how viasd decides its tiers (decoding/router.py)
+ROUTERS = ("rules", "learned", "oracle")  # how viasd decides its tiers (decoding/tier_router.py)
 CACHE_KINDS = ("inplace", "dynamic", "static")  # KV cache of each runner (viasd.kv_cache)
 DEFAULT_CACHE = "inplace"
 # the fields of a viasd policy that the threshold search sets (a thresholds file holds them)

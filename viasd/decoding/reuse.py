@@ -32,9 +32,9 @@ from torch import nn
 
 from ..errors import UnsupportedArchitectureError
 from .kv_cache import keep_slots, model_cache
-from .routing import FINAL_NORMS, RoutingMask, SlimVerifier, find_layer_stack, num_decoder_layers, routed_view
 from .runner import ModelRunner
 from .seq2seq import is_encoder_decoder
+from .slim import FINAL_NORMS, RoutingMask, SlimVerifier, find_layer_stack, num_decoder_layers, routed_view
 
 log = logging.getLogger(__name__)
 

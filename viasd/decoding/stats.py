@@ -89,7 +89,7 @@ class DecodeStats:
     # `"loop:<method>/1"`: the decode loop's calls of the method's block and their seconds outside every pass
     pass_widths: dict[str, int] = field(default_factory=dict)
     pass_width_s: dict[str, float] = field(default_factory=dict)
-    # viasd routers (decoding/router.py): the learned router's seconds; the oracle's peeks and counts
+    # viasd routers (decoding/tier_router.py): the learned router's seconds; the oracle's peeks and counts
     router_time_s: float = 0.0
     peek_passes: int = 0
     peek_time_s: float = 0.0

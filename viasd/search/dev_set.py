@@ -95,7 +95,7 @@ class DevSet:
         """The task's main metric of `texts` against the dev references (None without a task metric)."""
         if self.metric is None or self.models.tokenizer is None:
             return None
-        from ..evaluation import metric_score
+        from ..evaluation.side_by_side import metric_score
 
         return metric_score(self.task, self.metric, self.examples, texts)
 
@@ -104,7 +104,7 @@ class DevSet:
         target's greedy outputs, clustered by `groups` (`evaluation.task_drop_standard_error`)."""
         if self.metric is None or self.models.tokenizer is None or self.shared.ar_texts is None:
             return None
-        from ..evaluation import task_drop_standard_error
+        from ..evaluation.side_by_side import task_drop_standard_error
 
         n = len(texts)
         return task_drop_standard_error(self.task, self.metric, self.examples[:n], self.shared.ar_texts[:n], texts, groups)

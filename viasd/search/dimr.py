@@ -21,10 +21,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..decoding.routing import RoutingMask, SlimVerifier, evenly_spaced_mask, num_decoder_layers
+from ..decoding.slim import RoutingMask, SlimVerifier, evenly_spaced_mask, num_decoder_layers
 from ..errors import ViasdError
-from .calibration import log_probs, window_logits
-from .cost import COSTS, position_costs
+from .calibration_set import log_probs, window_logits
+from .mask_cost import COSTS, position_costs
 from .workers import SERIAL, Worker, run_trials
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ class MaskCost:
         self.target, self.kind, self.batch_size = target, kind, batch_size
         self.encoder_keep = encoder_keep
         if encoder_keep is not None:
-            from ..decoding.routing import num_encoder_layers
+            from ..decoding.slim import num_encoder_layers
 
             self.encoder_layers = num_encoder_layers(target)
         self.tokens = calibration.to(device)

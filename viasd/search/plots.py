@@ -4,22 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
-def pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig, path: Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=120, bbox_inches="tight")
-    tmp.replace(path)
+from ..io import pyplot, save_figure
 
 
 def search_curve(storage: str, study_name: str, n_random: int, path: Path, title: str) -> None:

@@ -32,7 +32,7 @@ from .pass_cost import (
     costs_to_json,
     split_key,
 )
-from .wall_calibration import calibrated, wall_factors
+from .wall_factors import calibrated, wall_factors
 from .workers import SERIAL, Worker, run_trials
 
 log = logging.getLogger(__name__)
@@ -173,7 +173,7 @@ def tiers_off_points(dev: DevSet, cfg: ThresholdConfig, study) -> list[dict]:
 def oracle_points(dev: DevSet, cfg: ThresholdConfig) -> list[dict]:
     """The oracle router at every searched gamma on the dev split: the ceiling any router could reach under
     this cost model (fidelity 1; its peek passes are not priced)."""
-    from ..decoding.router import oracle_settings
+    from ..decoding.tier_router import oracle_settings
 
     points = []
     for gamma in cfg.gamma:
@@ -187,7 +187,7 @@ def budgeted_oracle_point(dev: DevSet, cfg: ThresholdConfig, gamma: int) -> dict
     the dev split: the ceiling of a router that spends the same fidelity the tuned policy may spend (the plain
     oracle keeps fidelity 1). It peeks at every block once it has settled a wrong token (its output has left
     the target's greedy one), so it runs at one gamma only, the cheapest plain oracle's. None without a floor."""
-    from ..decoding.router import floor_budget, oracle_settings
+    from ..decoding.tier_router import floor_budget, oracle_settings
 
     budget = floor_budget(cfg.quality.min_fidelity)
     if budget is None:

@@ -9,11 +9,11 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import ConfigError, Params
+from ..config import ConfigError, Pair, Params
 from ..decoding.policy import TUNED_FIELDS, DecodePolicy
-from ..decoding.router import floor_budget, oracle_settings
-from ..runs import RunSpec, parse_run
+from ..decoding.tier_router import floor_budget, oracle_settings
 from .paths import router_paths, threshold_paths
+from .runs import RunSpec, parse_run
 from .slims import load_run_models, mask_file, read_json, threshold_slim
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ def tuned_settings(params: Params, pair: str, task: str, slim: str = "main", req
 
 def load_pair_router(params: Params, pair: str):
     """The pair's learned router (`viasd train-router`), for policies tuned with `router: learned`."""
-    from ..training.router import load_router
+    from ..training.tier_router import load_router
 
     return load_router(router_paths(params, pair)["router"])
 
@@ -166,3 +166,15 @@ class GridCell:
         if policy.router == "learned":
             models.router = load_pair_router(self.params, self.pair)
         return models
+
+
+def input_files(params: Params, pair: Pair, task: str | None = None, run: str | None = None) -> dict:
+    """A stage's inputs, for the `dvc_md5.*` tags of its MLflow run."""
+    files = {"data.manifest": params.data.dir / "manifest.json"}
+    if pair.trained:
+        files.update({f"model.{r}": params.model_dir(r) for r in ("target", "draft")})
+    if run is not None:
+        files.update(run_inputs(params, pair.name, task, run))
+        if "thresholds" in files:  # DVC tracks (and hashes) the pair x task's thresholds as one directory
+            files["thresholds"] = files["thresholds"].parent
+    return files

@@ -7,9 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import Pair, Params
-from ..runs import RunSpec
-from .cells import run_inputs
+from ..config import Pair
+from .runs import RunSpec
 
 
 @dataclass
@@ -39,15 +38,3 @@ def scalars(data: dict) -> dict:
 def cell_tags(pair: Pair, task: str, spec: RunSpec) -> dict:
     return {"pair": pair.name, "task": task, "method": spec.method, "ablation": spec.ablation or "none",
             "run": spec.name}
-
-
-def input_files(params: Params, pair: Pair, task: str | None = None, run: str | None = None) -> dict:
-    """A stage's inputs, for the `dvc_md5.*` tags of its MLflow run."""
-    files = {"data.manifest": params.data.dir / "manifest.json"}
-    if pair.trained:
-        files.update({f"model.{r}": params.model_dir(r) for r in ("target", "draft")})
-    if run is not None:
-        files.update(run_inputs(params, pair.name, task, run))
-        if "thresholds" in files:  # DVC tracks (and hashes) the pair x task's thresholds as one directory
-            files["thresholds"] = files["thresholds"].parent
-    return files

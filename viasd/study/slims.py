@@ -19,8 +19,8 @@ from pathlib import Path
 
 from ..config import Pair, Params
 from ..errors import StudyInputError
-from ..runs import SLIM_ABLATIONS, RunSpec, parse_run
 from .paths import main_cost, main_prefix, mask_paths
+from .runs import SLIM_ABLATIONS, RunSpec, parse_run
 
 
 def read_json(path: Path, what: str) -> dict:
@@ -98,7 +98,7 @@ def load_runs_models(params: Params, pair: Pair, runs: dict[str, tuple[RunSpec, 
     each with the run's slim verifier (a routed mask, or the independent model, loaded once), all
     sharing the target and the draft (loaded only if a run needs one), on `device` (default: params.yaml's
     `models.device`)."""
-    from ..decoding.routing import RoutingMask, SlimVerifier, num_decoder_layers
+    from ..decoding.slim import RoutingMask, SlimVerifier, num_decoder_layers
     from ..models import load_models
 
     for spec, mask in runs.values():

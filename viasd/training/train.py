@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
 from ..config import ModelArch, Params, TrainParams
-from ..decoding.routing import RoutingMask, SlimVerifier
+from ..decoding.slim import RoutingMask, SlimVerifier
 from ..errors import ViasdError
 from ..io import atomic_dir, write_json
 from ..models import resolve_device

@@ -6,7 +6,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 
 from viasd import config as viasd_config
-from viasd.runs import parse_run
+from viasd.study.runs import parse_run
 from viasd.study.slims import search_order, slims_to_tune
 
 import os

@@ -13,6 +13,7 @@ rule dimr_search:
         plots=report(
             directory(f"{REPORTS}/dimr/{{pair}}"),
             patterns=["{name}.png"],
+            caption="../report/dimr.rst",
             category="DIMR search",
             labels={"pair": "{pair}", "plot": "{name}"},
         ),

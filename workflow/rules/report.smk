@@ -9,17 +9,19 @@ rule report:
         # the router's held-out AUC and ECE
         routers=expand(f"{MODELS}/routers/{{pair}}", pair=STUDY["pairs"]),
     output:
-        summary=report(f"{REPORTS}/summary.md", category="Summary"),
+        summary=report(f"{REPORTS}/summary.md", caption="../report/summary.rst", category="Summary"),
         metrics=f"{REPORTS}/metrics.json",
         tables=expand(f"{REPORTS}/tables/{{pair}}-{{task}}{{kind}}.{{ext}}", pair=STUDY["pairs"], task=STUDY["tasks"], kind=["", "-slims"], ext=["md", "csv"]),
         family=expand(f"{REPORTS}/tables/{{pair}}-family.{{ext}}", pair=STUDY["pairs"], ext=["md", "csv"]),
         positions=expand(f"{REPORTS}/tables/{{pair}}-{{task}}-positions.md", pair=STUDY["pairs"], task=STUDY["tasks"]),
         frontier=report(
             expand(f"{REPORTS}/plots/{{pair}}-{{task}}-frontier.png", pair=STUDY["pairs"], task=STUDY["tasks"]),
+            caption="../report/frontier.rst",
             category="Speed vs quality",
         ),
         tiers=report(
             expand(f"{REPORTS}/plots/{{pair}}-{{task}}-tiers.png", pair=STUDY["pairs"], task=STUDY["tasks"]),
+            caption="../report/tiers.rst",
             category="Tier breakdown",
         ),
     params:

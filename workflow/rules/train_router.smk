@@ -11,6 +11,7 @@ rule train_router:
         plots=report(
             directory(f"{REPORTS}/router/{{pair}}"),
             patterns=["{name}.png"],
+            caption="../report/router.rst",
             category="Router",
             labels={"pair": "{pair}", "plot": "{name}"},
         ),

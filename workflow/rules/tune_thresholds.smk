@@ -13,6 +13,7 @@ rule tune_thresholds:
         plots=report(
             directory(f"{REPORTS}/thresholds/{{pair}}-{{task}}"),
             patterns=["{slim}.png"],
+            caption="../report/thresholds.rst",
             category="Threshold tuning",
             labels={"pair": "{pair}", "task": "{task}", "slim": "{slim}"},
         ),

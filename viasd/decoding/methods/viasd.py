@@ -20,7 +20,7 @@ If every position settles without `q`, the bonus token `x_{g+1}` comes from the 
 that ran, and only if that level's confidence at `g+1` passes its `tau_slim`; otherwise the block
 ends after `x_g`.
 
-Who decides the tiers (`policy.router`, see `_Level` and `decoding/router.py`): the hand-set rules, the
+Who decides the tiers (`policy.router`, see `_Level` and `decoding/tier_router.py`): the hand-set rules, the
 learned router's calibrated probabilities, or the oracle (the target's greedy tokens from a peek pass
 counted apart: the ceiling of any router; `oracle_budget` lets it settle a share of wrong tokens).
 
@@ -45,9 +45,9 @@ from torch import nn
 from ...errors import PolicyError
 from ..acceptance import lossless
 from ..kv_cache import model_cache
-from ..router import LearnedRouter, position_features
 from ..runner import ModelRunner
 from ..sampling import residual
+from ..tier_router import LearnedRouter, position_features
 from ..tiers import CONFIDENCES, SCORES, direct_accept
 
 

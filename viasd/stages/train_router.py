@@ -20,14 +20,14 @@ import torch
 from ..config import Params
 from ..decoding.policy import DecodePolicy
 from ..decoding.reuse import prefix_length
-from ..decoding.router import RouterRows
 from ..decoding.stats import DecodeStats
-from ..search.calibration import load_calibration
-from ..study.cells import engine_options
+from ..decoding.tier_router import RouterRows
+from ..search.calibration_set import load_calibration
+from ..study.cells import engine_options, input_files
 from ..study.paths import mask_paths, router_paths
-from ..study.record import StageRecord, input_files
+from ..study.record import StageRecord
 from ..study.slims import read_json
-from ..training.router import fit_router, save_router
+from ..training.tier_router import fit_router, save_router
 
 log = logging.getLogger(__name__)
 

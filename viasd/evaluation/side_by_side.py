@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .decoding.policy import DecodePolicy
-from .decoding.stats import DecodeStats
-from .models import ModelSet
+from ..decoding.policy import DecodePolicy
+from ..decoding.stats import DecodeStats
+from ..models import ModelSet
+from ..tasks.base import Example, TaskSpec
 from .run_order import interleaved
-from .tasks.base import Example, TaskSpec
 
 
 def decode_side_by_side(models: ModelSet, reference: DecodePolicy, cells: dict[str, tuple[ModelSet, DecodePolicy]],
@@ -84,10 +84,10 @@ def task_quality(task: TaskSpec, examples: list[Example], rows: list[dict]) -> d
     `viasd.metrics`. Examples that carry a `def_indent` (function bodies) are scored on the body the
     output holds, cut where its indentation returns to the `def`'s.
     """
-    from .metrics.code_checks import body_compiles, generated_body, passes_doctests
-    from .metrics.execution import pass_at_1
-    from .metrics.model_metrics import agreement
-    from .metrics.text_metrics import compute
+    from ..metrics.code_checks import body_compiles, generated_body, passes_doctests
+    from ..metrics.execution import pass_at_1
+    from ..metrics.model_metrics import agreement
+    from ..metrics.text_metrics import compute
 
     texts = [generated_body(row["text"] or "", e.extra["def_indent"]) if "def_indent" in e.extra else row["text"] or ""
              for e, row in zip(examples, rows)]
@@ -135,7 +135,7 @@ def task_drop_standard_error(task: TaskSpec, metric: str, examples: list[Example
     `PER_EXAMPLE_METRICS` are scored per example once and the means recomputed. None with fewer than two groups.
 
     Shapes: `examples`, `ar_texts`, `texts`, `groups` aligned, one entry per example."""
-    from .metrics.quality import points
+    from ..metrics.quality import points
 
     n = len(examples)
     if not (len(ar_texts) == len(texts) == n) or (groups is not None and len(groups) != n):

@@ -395,7 +395,7 @@ def spool_run(root: Path, experiment: str, run_name: str, params: dict, metrics:
     import json
     import uuid
 
-    from .io import write_text
+    from ..io import write_text
 
     record = {"experiment": experiment, "run_name": run_name, "params": params, "metrics": metrics,
               "tags": _run_tags(root, run_name, tags), "artifacts": [str(Path(a).resolve()) for a in artifacts],

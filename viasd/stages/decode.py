@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from ..config import Params
 from ..decoding.policy import DecodePolicy
 from ..errors import StudyInputError
-from ..runs import RunSpec, parse_run
-from ..study.cells import GridCell, load_pair_router
+from ..study.cells import GridCell, input_files, load_pair_router
 from ..study.paths import decode_paths
-from ..study.record import StageRecord, cell_tags, input_files, scalars
+from ..study.record import StageRecord, cell_tags, scalars
+from ..study.runs import RunSpec, parse_run
 from ..study.slims import slim_description
 
 
@@ -60,7 +60,7 @@ def run_decode_stage(params: Params, pair_name: str, task: str, runs: Sequence[s
                      limit: int | None = None, progress: bool = True) -> list[dict]:
     """Decode the task split with `runs` (default: `study.runs`) side by side with `ar`, one load of the
     pair for all; writes each run's rows and summary, returns the summaries in the order of `runs`."""
-    from ..evaluation import decode_side_by_side
+    from ..evaluation.side_by_side import decode_side_by_side
     from ..study.slims import load_runs_models
     from ..tasks import get_task, load_examples
 

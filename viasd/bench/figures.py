@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import statistics
 
-from .decoding.router import headroom_share
-from .decoding.stats import DecodeStats
-from .metrics.speed import describe, within_noise
-from .search.pass_cost import cost_per_token, costs_to_json, fit_pass_costs, widths_per_token
+from ..decoding.stats import DecodeStats
+from ..decoding.tier_router import headroom_share
+from ..metrics.speed import describe, within_noise
+from ..search.pass_cost import cost_per_token, costs_to_json, fit_pass_costs, widths_per_token
 
 
 def _ideal(stats: DecodeStats, ar_seconds_per_token: float) -> float | None:

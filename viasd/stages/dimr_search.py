@@ -19,16 +19,17 @@ import logging
 from dataclasses import asdict
 
 from ..config import Pair, Params
-from ..decoding.routing import RoutingMask, num_decoder_layers
 from ..decoding.seq2seq import is_encoder_decoder
+from ..decoding.slim import RoutingMask, num_decoder_layers
 from ..io import write_json, write_jsonl
-from ..search.calibration import load_calibration
+from ..search.calibration_set import load_calibration
 from ..search.dimr import DimrConfig, MaskCost, baseline_mask, dimr_search, result_json
 from ..search.plots import layer_keep_frequency, search_curve
 from ..search.storage import optuna_storage, study_name
 from ..search.workers import SERIAL, Worker
+from ..study.cells import input_files
 from ..study.paths import main_cost, main_prefix, mask_paths
-from ..study.record import StageRecord, input_files
+from ..study.record import StageRecord
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def dimr_config(params: Params, **overrides) -> DimrConfig:
 def grid_searches(params: Params) -> list[dict]:
     """Every DIMR search the study needs, as overrides of `dimr`: the main one (`{}`), each other cost a
     `cost_<fn>` run asks for, and each prefix a `prefix_<n>` run asks for."""
-    from ..runs import parse_run
+    from ..study.runs import parse_run
 
     out = [{}] + [{"cost": c} for c in grid_costs(params)[1:]]
     for run in params.study.runs:
@@ -52,7 +53,7 @@ def grid_searches(params: Params) -> list[dict]:
 
 def grid_costs(params: Params) -> list[str]:
     """The cost functions the study needs searched: `dimr.cost`, plus any a `cost_<fn>` run asks for."""
-    from ..runs import parse_run
+    from ..study.runs import parse_run
 
     costs = [main_cost(params)]
     for run in params.study.runs:
@@ -143,9 +144,9 @@ def family_agreement(params: Params, pair: Pair, models, masks: dict) -> dict:
     """Teacher-forced greedy agreement with the target, and NLL, of the draft, each slim of `masks`
     (name -> `RoutingMask`) and the pair's independent model, on windows spread over the corpus's test
     split (the trained family; hub pairs, whose tokenizer is another, on the calibration set)."""
-    from ..decoding.routing import SlimVerifier
+    from ..decoding.slim import SlimVerifier
     from ..models import load_model
-    from ..search.calibration import greedy_choices, spread_windows, window_logits, window_targets
+    from ..search.calibration_set import greedy_choices, spread_windows, window_logits, window_targets
     from ..training.train import load_token_stream
 
     length, sequences = params.data.calibration_length, params.data.calibration_sequences

@@ -8,8 +8,15 @@ from __future__ import annotations
 
 import logging
 
-from ..bench_figures import markdown
-from ..benchmark import (
+from ..config import Params
+from ..decoding.policy import METHODS
+from ..decoding.tier_router import floor_budget
+from ..io import write_json, write_text
+from ..study.cells import engine_options, fidelity_floor, tuned_settings
+from ..study.paths import bench_paths, mask_paths, router_paths, threshold_paths
+from ..study.record import StageRecord
+from .figures import markdown
+from .timing import (
     HF,
     VIASD_VARIANTS,
     BenchError,
@@ -17,13 +24,6 @@ from ..benchmark import (
     per_token_seconds,
     run_benchmark,
 )
-from ..config import Params
-from ..decoding.policy import METHODS
-from ..decoding.router import floor_budget
-from ..io import write_json, write_text
-from ..study.cells import engine_options, fidelity_floor, tuned_settings
-from ..study.paths import bench_paths, mask_paths, router_paths, threshold_paths
-from ..study.record import StageRecord
 
 log = logging.getLogger(__name__)
 SWEEPS = ("gamma", "length", "prompt", "position", "frontier")
@@ -46,7 +46,7 @@ def load_bench_models(params: Params, pair_name: str | None, device: str, dtype:
     """The pair, with its DIMR mask as slim verifier when the search has run, and its learned router when
     `viasd train-router` has fitted one."""
     from ..models import load_models
-    from ..training.router import load_router
+    from ..training.tier_router import load_router
 
     pair = params.pair(pair_name)
     mask = mask_paths(params, pair.name)["mask"]
@@ -239,7 +239,7 @@ def _write_sweep(params, pair, task, kind, values, methods, points, gamma, max_n
 
 
 def _sweep_plot(out: dict, path) -> None:
-    from ..search.plots import pyplot, save_figure
+    from ..io import pyplot, save_figure
 
     plt = pyplot()
     kind = out["sweep"]
@@ -275,9 +275,9 @@ def frontier_table(models, viasd: dict, gamma: int, max_new: int, cascade: dict,
     of `spec_cascade` lenience, each a named benchmark method."""
     from dataclasses import replace
 
-    from ..benchmark import BenchMethod
-    from ..decoding.router import oracle_settings
+    from ..decoding.tier_router import oracle_settings
     from ..search.thresholds import PROBABILITY_SCORES
+    from .timing import BenchMethod
 
     base = method_table(models, ["ar", "sd", "viasd", "spec_cascade"], gamma, max_new, None, cascade, engine)
     by_name = {m.name: m for m in base}
@@ -355,7 +355,7 @@ def run_frontier(params: Params, pair: str, models, task: str, prompts: int, max
 
 
 def _frontier_plot(out: dict, path) -> None:
-    from ..search.plots import pyplot, save_figure
+    from ..io import pyplot, save_figure
 
     plt = pyplot()
     measures = [("fidelity", "fidelity (share of tokens = target's greedy choice)")]

@@ -4,16 +4,16 @@ oracles side by side, and the share of each oracle's headroom over SD that VIA-S
 
 Pure functions of the evaluated runs (`evaluate_stage`'s records: per-prompt `speed`, the decode's pass widths,
 policy, quality) and the threshold search's cost model (`search.pass_cost`), beside the same model on the
-decode job's own timed passes (`job_costs`); `stages/report_stage.py` reads the files and writes the text.
+decode job's own timed passes (`job_costs`); `stages/report.py` reads the files and writes the text.
 """
 
 from __future__ import annotations
 
-from .decoding.engine import LOOP
-from .decoding.policy import METHODS
-from .decoding.router import headroom_share
-from .metrics.speed import run_vs
-from .search.pass_cost import cost_per_token, fit_pass_costs, split_key, widths_per_token
+from ..decoding.engine import LOOP
+from ..decoding.policy import METHODS
+from ..decoding.tier_router import headroom_share
+from ..metrics.speed import run_vs
+from ..search.pass_cost import cost_per_token, fit_pass_costs, split_key, widths_per_token
 
 
 def modelled_seconds_per_token(e: dict, costs: dict) -> float | None:

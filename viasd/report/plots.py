@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .search.plots import pyplot, save_figure
+from ..io import pyplot, save_figure
 
 # how each verified position was settled, in the order of the stack (docs/method.md (statistics))
 TIER_PARTS = (("accepted_direct", "tier 1: accepted directly", "tab:green"),

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .decoding.policy import METHODS
+from ..decoding.policy import METHODS
 
 ROUTED = ("cascade_sd", "viasd")  # methods with a slim verifier
 VIASD_ONLY = ("no_tier2", "rules", "oracle", "oracle_budget")  # ablations of VIA-SD's tier decisions

@@ -15,8 +15,8 @@ import logging
 
 import torch
 
-from .errors import BenchError
-from .models import ModelSet
+from ..errors import BenchError
+from ..models import ModelSet
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +32,10 @@ def quality_of(models: ModelSet, prompts: list[list[int]], tokens: dict[str, lis
     every speed figure. `outputs_differing`: how many of the prompts' outputs differ from the reference method's
     at all (the only prompts a drop can come from; a lossy token changes the rest of a greedy output, so this
     share, not the fidelity, sets how noisy the drop is)."""
-    from .decoding.policy import DecodePolicy
-    from .evaluation import metric_score, task_drop_standard_error
-    from .metrics.quality import task_drop
-    from .tasks.base import Example, TaskSpec
+    from ..decoding.policy import DecodePolicy
+    from ..evaluation.side_by_side import metric_score, task_drop_standard_error
+    from ..metrics.quality import task_drop
+    from ..tasks.base import Example, TaskSpec
 
     scored = references is not None and metric is not None and models.tokenizer is not None
     examples = [Example(id=str(i), prompt="", reference=r) for i, r in enumerate(references or [])]
@@ -105,8 +105,8 @@ def tie_gap(model: torch.nn.Module, ids: list[int], a: int, b: int, k: int = 8) 
     one at a time through a KV cache (the engine's `ModelRunner`). Both are zero in exact arithmetic;
     the noise is what the dtype's rounding leaves. The gap is read off the parallel forward's last row.
     """
-    from .decoding.kv_cache import model_cache
-    from .decoding.runner import ModelRunner
+    from ..decoding.kv_cache import model_cache
+    from ..decoding.runner import ModelRunner
 
     x = torch.tensor([ids], device=next(model.parameters()).device)  # [1, T]
     length = x.shape[1]

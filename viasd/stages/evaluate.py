@@ -19,16 +19,16 @@ from collections.abc import Sequence
 
 from ..config import Params
 from ..errors import StudyInputError
-from ..runs import RunSpec
 from ..study.paths import decode_paths, eval_path
 from ..study.record import StageRecord, cell_tags, scalars
+from ..study.runs import RunSpec
 
 
 def run_evaluate_stage(params: Params, pair_name: str, task: str, runs: Sequence[str] | None = None) -> list[dict]:
     """Evaluate the decode outputs of `runs` (default: `study.runs`); writes and returns one result each.
     Every run's decode output is checked before any is evaluated."""
     from ..models import load_tokenizer
-    from ..runs import parse_run
+    from ..study.runs import parse_run
     from ..tasks import get_task
 
     names = list(dict.fromkeys(parse_run(r).name for r in (runs or params.study.runs)))
@@ -61,7 +61,7 @@ def _decoded(params: Params, pair_name: str, task: str, run: str) -> tuple[dict,
 
 def _evaluate_run(params: Params, pair_name: str, task: str, run: str, summary: dict, rows: list[dict], chosen: list,
                   spec, tokenizer, ar_scores: dict) -> dict:
-    from ..evaluation import metric_score, task_drop_standard_error, task_quality
+    from ..evaluation.side_by_side import metric_score, task_drop_standard_error, task_quality
     from ..io import write_json
     from ..metrics.quality import main_metric, task_drop
 

@@ -14,7 +14,7 @@ action there: the draft is right (`x_i = t_i`: accept, tier 1) or the slim verif
   returns `P(draft right)` and `P(slim right)` per row: a standardisation, two matrix-vector products
   and a sigmoid on the block's `g + 1` rows, no per-token Python call.
 - `RouterRows` collects features and oracle labels from decodes (the oracle router knows `t_i`), the
-  training data of the router (`viasd.training.router` fits it).
+  training data of the router (`viasd.training.tier_router` fits it).
 
 Shapes: `p`, `q`: `[g, V]` / `[g + 1, V]` probabilities (draft rows `p_1..p_g`, slim rows
 `q'_1..q'_{g+1}`), `x`: `[g]` draft tokens, `hidden`: `[g + 1, H]` or None; features `[g + 1, F]`.

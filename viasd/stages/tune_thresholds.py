@@ -23,7 +23,7 @@ import shutil
 from dataclasses import asdict, replace
 
 from ..config import ConfigError, Pair, Params
-from ..decoding.router import headroom_share
+from ..decoding.tier_router import headroom_share
 from ..io import write_json, write_jsonl, write_text
 from ..metrics.quality import QualityConstraints
 from ..search.dev_set import DevSet
@@ -39,11 +39,11 @@ from ..search.thresholds import (
     searched_space,
     tune_thresholds,
 )
-from ..search.wall_calibration import calibrated
+from ..search.wall_factors import calibrated
 from ..search.workers import SERIAL, Worker, completed_points
-from ..study.cells import engine_options, search_base
+from ..study.cells import engine_options, input_files, search_base
 from ..study.paths import router_paths, threshold_paths
-from ..study.record import StageRecord, input_files
+from ..study.record import StageRecord
 from ..study.slims import load_run_models, mask_file, search_order, slim_description, slim_spec, slims_to_tune
 from ..tasks import get_task, load_examples
 from ..tasks.base import TaskError, examples_path, split_by_group
@@ -341,7 +341,7 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
         return {**json.loads(paths["json"].read_text()), "up_to_date": True}
     models = load_run_models(params, pair, spec, mask_file(params, pair.name, spec))
     if router_file is not None:
-        from ..training.router import load_router
+        from ..training.tier_router import load_router
 
         models.router = load_router(router_file)
     max_new = params.max_new_tokens(task)

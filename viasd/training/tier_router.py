@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from ..decoding.router import FEATURES, LearnedRouter, LogisticHead
+from ..decoding.tier_router import FEATURES, LearnedRouter, LogisticHead
 from ..errors import ViasdError
 from ..io import write_text
 

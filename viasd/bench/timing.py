@@ -28,16 +28,16 @@ from pathlib import Path
 
 import torch
 
-from .bench_figures import summarise
-from .bench_outputs import check_outputs, quality_of, tie_gap  # noqa: F401 (re-exported)
-from .decoding.policy import METHODS, DecodePolicy
-from .decoding.processors import ProcessorSettings, resolve
-from .decoding.router import oracle_settings
-from .decoding.seq2seq import is_encoder_decoder
-from .decoding.stats import DecodeStats
-from .errors import BenchError
-from .models import ModelSet
-from .run_order import interleaved
+from ..decoding.policy import METHODS, DecodePolicy
+from ..decoding.processors import ProcessorSettings, resolve
+from ..decoding.seq2seq import is_encoder_decoder
+from ..decoding.stats import DecodeStats
+from ..decoding.tier_router import oracle_settings
+from ..errors import BenchError
+from ..evaluation.run_order import interleaved
+from ..models import ModelSet
+from .figures import summarise
+from .outputs import check_outputs, quality_of, tie_gap  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -338,7 +338,7 @@ def interval_ratios(per_prompt: dict[str, list[list[float]]], groups: list | Non
     """`a_vs_b` for each pair of `INTERVAL_PAIRS` that ran: the geometric mean over prompts of b's seconds per
     token over a's (each prompt's seconds averaged over the rounds first), with its 95 % interval clustered by
     `groups` (`metrics.speed.paired_ratio`)."""
-    from .metrics.speed import mean_over_rounds, paired_ratio
+    from ..metrics.speed import mean_over_rounds, paired_ratio
 
     mean = {name: mean_over_rounds(rounds) for name, rounds in per_prompt.items() if rounds and rounds[0]}
     out = {}
