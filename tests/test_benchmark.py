@@ -24,25 +24,25 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     from viasd.study.paths import threshold_paths
 
     methods = ["hf_ar", "hf_assisted", "hf_assisted_fixed", "ar", "sd", "cascade_sd", "spec_cascade", "viasd",
-               "viasd_oracle", "viasd_oracle_budget"]
+               "viasd-oracle", "viasd-oracle_budget"]
     # the hand rules' own tuned policy, when the session's study folder holds its search
-    methods += ["viasd_rules"] if threshold_paths(params, "stdlib_continuation", "smoke", "rules")["json"].exists() else []
+    methods += ["viasd-rules"] if threshold_paths(params, "stdlib_continuation", "smoke", "rules")["json"].exists() else []
     assert set(result["methods"]) == set(methods) and all(m in out for m in methods)
     # the oracle: the target's greedy output, timed without its peeks (it reads the greedy outputs decoded before
     # the rounds) and modelled, and the share of its headroom viasd takes, each way; beside every ratio how close
     # the model is
-    oracle = result["methods"]["viasd_oracle"]
+    oracle = result["methods"]["viasd-oracle"]
     assert oracle["quality"]["fidelity"] == 1.0 and "tokens_per_second_without_peek" in oracle
-    assert "viasd_oracle_vs_sd_model" in result["ratios_model"] and "viasd_oracle_vs_sd" in result["ratios"]
-    assert result["ratios"]["viasd_oracle_vs_sd"] == pytest.approx(
+    assert "viasd-oracle_vs_sd_model" in result["ratios_model"] and "viasd-oracle_vs_sd" in result["ratios"]
+    assert result["ratios"]["viasd-oracle_vs_sd"] == pytest.approx(
         oracle["tokens_per_second_without_peek"] / result["methods"]["sd"]["tokens_per_second"]["median"])
     # the budgeted oracle at the search's fidelity floor (smoke: 0.5), its peeks taken off each timed round
-    budgeted = result["methods"]["viasd_oracle_budget"]
+    budgeted = result["methods"]["viasd-oracle_budget"]
     assert budgeted["quality"]["fidelity"] >= 0.5 and len(budgeted["peek_seconds_per_round"]) == 2
     rounds = [12 * 2 / r for r in budgeted["tokens_per_second"]["rounds"]]  # 2 prompts x 12 tokens
     without = statistics.median(s - p for s, p in zip(rounds, budgeted["peek_seconds_per_round"]))
     assert budgeted["tokens_per_second_without_peek"] == pytest.approx(24 / without)
-    assert "viasd_oracle_budget_vs_sd_model" in result["ratios_model"] and "viasd_oracle_budget_vs_sd" in result["ratios"]
+    assert "viasd-oracle_budget_vs_sd_model" in result["ratios_model"] and "viasd-oracle_budget_vs_sd" in result["ratios"]
     # beside every measured ratio its range over the rounds, each round's rates paired (an oracle's less its peeks)
     assert set(result["ratio_rounds"]) == set(result["ratios"])
     viasd_rounds, sd_rounds = (result["methods"][m]["tokens_per_second"]["rounds"] for m in ("viasd", "sd"))
@@ -55,7 +55,7 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     metrics = bench_record({**result, "files": paths}).metrics  # the MLflow run has the range beside each ratio
     assert metrics["ratio.viasd_vs_sd.round_min"] == result["ratio_rounds"]["viasd_vs_sd"]["min"]
     budget_rounds = [24 / (s - p) for s, p in zip(rounds, budgeted["peek_seconds_per_round"])]
-    assert result["ratio_rounds"]["viasd_oracle_budget_vs_sd"]["max"] == pytest.approx(
+    assert result["ratio_rounds"]["viasd-oracle_budget_vs_sd"]["max"] == pytest.approx(
         max(b / s for b, s in zip(budget_rounds, sd_rounds)))
     assert result["model_over_measured"]["sd_vs_ar"] > 0 and "loop:sd" in result["pass_cost_model"]
     for row in result["methods"].values():
@@ -87,7 +87,7 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     assert result["gamma_source"] == "--gamma"
     # per-prompt paired ratios with intervals clustered by source file (2 prompts: one file each, or one in all)
     intervals = result["intervals"]
-    assert {"viasd_vs_sd", "sd_vs_ar", "viasd_oracle_vs_sd", "ar_vs_hf_ar"} <= set(intervals)
+    assert {"viasd_vs_sd", "sd_vs_ar", "viasd-oracle_vs_sd", "ar_vs_hf_ar"} <= set(intervals)
     for ratio in intervals.values():
         assert ratio["prompts"] == 2 and ratio["ratio"] > 0 and ratio["groups"] in (1, 2)
         assert ratio["low"] is None or ratio["low"] <= ratio["ratio"] <= ratio["high"]
@@ -198,7 +198,7 @@ def test_bench_rounds_interleave_the_methods_by_prompt():
         for r, start in ((0, 0), (1, 0), (2, 3)):
             _assert_balanced([interleaved(methods, r, i) for i in range(start, start + span)], methods)
     assert interleaved(["ar"], 1, 7) == ["ar"]
-    assert interleaved(["ar", "sd", "viasd", "viasd_oracle"], 0, 0) == ["ar", "sd", "viasd_oracle", "viasd"]
+    assert interleaved(["ar", "sd", "viasd", "viasd-oracle"], 0, 0) == ["ar", "sd", "viasd-oracle", "viasd"]
 
 
 class _Logged:

@@ -201,3 +201,13 @@ def test_a_stage_command_runs_with_the_granted_threads(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "64"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert int(out.stdout) == len(os.sched_getaffinity(0))
+
+
+def test_old_bench_method_names_still_work_with_a_warning(caplog):
+    """The bench's oracle and rules methods are spelled as the study's runs now; the old names map, saying so."""
+    from viasd.cli.bench import renamed
+
+    with caplog.at_level("WARNING"):
+        assert renamed("viasd_oracle_budget") == "viasd-oracle_budget"
+    assert "is now 'viasd-oracle_budget'" in caplog.text
+    assert renamed("sd") == "sd"

@@ -100,7 +100,7 @@ def test_sampled_cascade_sd_matches_target(setup):
     assert p_value(counts, dist) > ALPHA
 
 
-def _sd_resampling_from_q(s):
+def _sd_resampling_from_q(s, state):
     """A classic bug: after a rejection, draw the replacement from q instead of norm(max(0, q - p))."""
     g = s.block_size()
     x, p_logits = s.draft_tokens(g)
@@ -111,7 +111,7 @@ def _sd_resampling_from_q(s):
     s.commit(n, s.sampler.sample(q[n]))
 
 
-def _sd_accepting_every_draft(s):
+def _sd_accepting_every_draft(s, state):
     """Another: accept every draft token (the output is then the draft's distribution)."""
     g = s.block_size()
     x, _ = s.draft_tokens(g)

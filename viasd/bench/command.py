@@ -118,7 +118,7 @@ def task_references(params: Params, task: str, n: int, max_new: int) -> tuple[li
 def default_methods(params: Params) -> list[str]:
     """Every benchmark method; the budgeted oracle only where the search has a fidelity floor below 1."""
     budget = floor_budget(fidelity_floor(params))
-    return [m for m in HF + METHODS + VIASD_VARIANTS if m != "viasd_oracle_budget" or budget is not None]
+    return [m for m in HF + METHODS + VIASD_VARIANTS if m != "viasd-oracle_budget" or budget is not None]
 
 
 def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: list[str], prompts: int,
@@ -130,8 +130,8 @@ def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: l
     max_new = max_new_tokens or params.max_new_tokens(task)
     cascade = params.decode.spec_cascade()
     rules = threshold_paths(params, task, pair.name, "rules")["json"]
-    methods = [m for m in methods if m != "viasd_rules" or rules.exists()]  # the rules' own search, when it ran
-    variants = {"viasd_rules": tuned_settings(params, pair.name, task, "rules", required=False)} if rules.exists() else {}
+    methods = [m for m in methods if m != "viasd-rules" or rules.exists()]  # the rules' own search, when it ran
+    variants = {"viasd-rules": tuned_settings(params, pair.name, task, "rules", required=False)} if rules.exists() else {}
     tuned = tuned_settings(params, pair.name, task, required=False)
     table = method_table(models, methods, gamma, max_new, tuned, cascade, engine, variants,
                          floor_budget(fidelity_floor(params)))

@@ -78,9 +78,9 @@ def summarise(methods, seconds, n_tokens, stats, counts, memory, peeks=None) -> 
     model_time = {n: cost_per_token(widths_per_token(st), unit) for n, st in stats.items()}
     ratios_model = {f"{a}_vs_{b}_model": model_time[b] / model_time[a]
                     for a, b in (("viasd", "sd"), ("viasd", "spec_cascade"), ("sd", "ar"), ("viasd", "ar"),
-                                 ("viasd_oracle", "sd"), ("viasd_oracle_budget", "sd"), ("viasd_rules", "sd"))
+                                 ("viasd-oracle", "sd"), ("viasd-oracle_budget", "sd"), ("viasd-rules", "sd"))
                     if a in model_time and b in model_time and model_time[a]}
-    ratios["viasd_rules_vs_sd"] = ratio("viasd_rules", "sd")
+    ratios["viasd-rules_vs_sd"] = ratio("viasd-rules", "sd")
     headroom = _oracle_figures(per, med, seconds, peeks or {}, n_tokens, ratios, ratios_model)
     if ar is not None and ar.passes.get("target") and "ar" in med:
         step = ar.time_s["target"] / ar.passes["target"]
@@ -122,7 +122,7 @@ def _oracle_figures(per: dict, med: dict, seconds: dict, peeks: dict, n_tokens: 
         if "sd" in med and per[name]["tokens_per_second_without_peek"]:
             ratios[f"{name}_vs_sd"] = per[name]["tokens_per_second_without_peek"] / med["sd"]
     shares = {}
-    for name, suffix in (("viasd_oracle", ""), ("viasd_oracle_budget", "_at_floor")):
+    for name, suffix in (("viasd-oracle", ""), ("viasd-oracle_budget", "_at_floor")):
         oracle_model = ratios_model.get(f"{name}_vs_sd_model")
         shares.update({
             f"viasd_measured{suffix}": headroom_share(ratios.get("viasd_vs_sd"), ratios.get(f"{name}_vs_sd")),
@@ -203,12 +203,12 @@ def markdown(result: dict, title: str) -> str:
               f"| {v:.3f} | |" for k, v in result.get("ratios_model", {}).items()]
     lines += [f"| share of the oracle's headroom over sd taken by viasd ({k.replace('_', ' ')}) "
               f"| {v:.3f} | |" for k, v in result.get("oracle_headroom_taken", {}).items()]
-    if "viasd_oracle" in result["methods"]:
-        lines.append("\nviasd_oracle reads the target's greedy tokens it decides by from the greedy outputs decoded "
+    if "viasd-oracle" in result["methods"]:
+        lines.append("\nviasd-oracle reads the target's greedy tokens it decides by from the greedy outputs decoded "
                      "before the rounds; the last blocks of a prompt, whose rows run past them, peek: its ratio to sd "
-                     "(`viasd_oracle_vs_sd`) takes each round's peek seconds off, and the cost model never prices them.")
-    if "viasd_oracle_budget" in result["methods"]:
-        lines.append("\nviasd_oracle_budget is the oracle that may settle wrong tokens down to the fidelity floor (the "
+                     "(`viasd-oracle_vs_sd`) takes each round's peek seconds off, and the cost model never prices them.")
+    if "viasd-oracle_budget" in result["methods"]:
+        lines.append("\nviasd-oracle_budget is the oracle that may settle wrong tokens down to the fidelity floor (the "
                      "ceiling of a router spending the same fidelity, `_at_floor` above); once its output has left the "
                      "target's greedy one it peeks at every block, and its ratio takes each round's peek seconds off.")
     if result.get("intervals"):

@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 # VIA-SD variants beside the tuned `viasd`: the oracle router (the ceiling of any router: the target's greedy
 # token decides, its peek passes not counted), the budgeted oracle at the fidelity floor (the ceiling of a router
 # that spends the same fidelity) and the hand-set rules tuned on their own (the rules ablation)
-VIASD_VARIANTS = ("viasd_oracle", "viasd_oracle_budget", "viasd_rules")
+VIASD_VARIANTS = ("viasd-oracle", "viasd-oracle_budget", "viasd-rules")
 HF = ("hf_ar", "hf_assisted", "hf_assisted_fixed")
 
 
@@ -176,12 +176,12 @@ def method_table(models: ModelSet, names: list[str], gamma: int, max_new_tokens:
         elif name == "viasd":
             out.append(BenchMethod(name, replace(base, method="viasd", **(viasd or {}))))
         elif name in VIASD_VARIANTS:
-            if name == "viasd_oracle_budget" and oracle_budget is None:
-                raise BenchError("viasd_oracle_budget spends the fidelity down to a floor: set "
+            if name == "viasd-oracle_budget" and oracle_budget is None:
+                raise BenchError("viasd-oracle_budget spends the fidelity down to a floor: set "
                                  "thresholds.quality.min_fidelity below 1")
             tuned_gamma = (viasd or {}).get("gamma")
-            default = {"viasd_oracle": oracle_settings(tuned_gamma),
-                       "viasd_oracle_budget": oracle_settings(tuned_gamma, oracle_budget or 0.0)}.get(name, viasd)
+            default = {"viasd-oracle": oracle_settings(tuned_gamma),
+                       "viasd-oracle_budget": oracle_settings(tuned_gamma, oracle_budget or 0.0)}.get(name, viasd)
             settings = (variants or {}).get(name, default)
             out.append(BenchMethod(name, replace(base, method="viasd", **(settings or {}))))
         elif name == "spec_cascade":
@@ -329,8 +329,8 @@ def _timed_rounds(methods: list[BenchMethod], timed: dict[str, Callable], prompt
 
 # the interval ratios of the bench: (a, b) = a's speed over b's; `sd` is SD at its best gamma on dev when the bench
 # stage found one (its JSON's `gamma_source`)
-INTERVAL_PAIRS = (("viasd", "sd"), ("sd", "ar"), ("viasd", "ar"), ("viasd_oracle", "sd"), ("viasd_oracle_budget", "sd"),
-                  ("viasd_rules", "sd"), ("cascade_sd", "sd"), ("spec_cascade", "sd"), ("ar", "hf_ar"),
+INTERVAL_PAIRS = (("viasd", "sd"), ("sd", "ar"), ("viasd", "ar"), ("viasd-oracle", "sd"), ("viasd-oracle_budget", "sd"),
+                  ("viasd-rules", "sd"), ("cascade_sd", "sd"), ("spec_cascade", "sd"), ("ar", "hf_ar"),
                   ("sd", "hf_assisted"), ("sd", "hf_assisted_fixed"))
 
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 
 from ..decoding.policy import CACHE_KINDS
 from ..errors import ViasdError
 from .common import add_generation_args, add_pair, load_params, stage_parser, track
+
+log = logging.getLogger(__name__)
 
 
 def add_bench(sub) -> None:
@@ -42,6 +45,18 @@ def add_bench(sub) -> None:
 
 
 
+# bench methods that took the study's run names (`viasd-oracle`, ...): the old spellings still work, with a warning
+RENAMED = {"viasd_oracle": "viasd-oracle", "viasd_oracle_budget": "viasd-oracle_budget", "viasd_rules": "viasd-rules"}
+
+
+def renamed(name: str) -> str:
+    """`name`, or its new spelling (with a deprecation warning) when it is an old bench method name."""
+    if name in RENAMED:
+        log.warning("bench method %r is now %r, as the study's run; the old name will go", name, RENAMED[name])
+        return RENAMED[name]
+    return name
+
+
 def _bench(args) -> int:
     from ..bench.command import bench_record, default_methods, run_bench_stage, run_sweep
 
@@ -49,7 +64,7 @@ def _bench(args) -> int:
     for name, value in (("--prompts", args.prompts), ("--repeats", args.repeats)):
         if value < 1:
             raise ViasdError(f"{name} must be at least 1, got {value}")
-    chosen = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
+    chosen = [renamed(m.strip()) for m in args.methods.split(",") if m.strip()] if args.methods else None
     pair = params.pair(args.pair)
     engine = {"cache": args.cache, "compile": args.compile, "reuse": args.reuse,  # None: decode.*
               "generation_config": args.generation_config, "generation": dict(args.generation) or None}

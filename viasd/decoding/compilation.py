@@ -16,6 +16,8 @@ import weakref
 import torch
 from torch import nn
 
+from .module_views import raise_recompile_limit
+
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -31,7 +33,6 @@ def compiled(model: nn.Module) -> nn.Module:
     """
     wrapped = _COMPILED.get(model)
     if wrapped is None:
-        config = torch._dynamo.config
-        config.recompile_limit = max(config.recompile_limit, GRAPHS_PER_MODEL * (len(_COMPILED) + 1))
+        raise_recompile_limit(GRAPHS_PER_MODEL * (len(_COMPILED) + 1))
         wrapped = _COMPILED[model] = torch.compile(model, dynamic=True)
     return wrapped

@@ -1,9 +1,11 @@
 """The decode loop shared by every method: the token buffer, the runners, drafting and committing.
 
-A method is a function `block(session)` that drafts, verifies and calls `session.commit(n, token)`
-once; `decode()` runs blocks until a stop rule fires. Invariant at every block start: the last token
-of the sequence has not been fed to any model (`runner.cached <= length - 1`), so one forward over
-`ids[cached : length + g]` returns the logits of every block position and of the bonus position.
+A method (`methods.base.Method`) is a block function `block(session, state)` that drafts, verifies and calls
+`session.commit(n, token)` once, over the state its `set_up` made; `decode()` runs blocks until a stop rule
+fires. Invariant at every block start: the last token of the sequence has not been fed to any model
+(`runner.cached <= length - 1`), so one forward over `ids[cached : length + g]` returns the logits of every
+block position and of the bonus position. The engine knows no method by name: what a method needs of it
+(a draft with another tokenizer, a trunk shared with the full model, side runners) the `Method` declares.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from ..errors import PolicyError, PromptError
 from .compilation import compiled
 from .intermediate import IndependentVerifier
 from .kv_cache import model_cache
-from .methods import viasd as viasd_method
+from .methods import METHODS, MethodInputs
 from .policy import DecodePolicy
 from .processors import build, resolve
 from .reuse import ExitRunner, RestRunner, TrunkRunner, shared_prefix
@@ -30,7 +32,6 @@ from .slim import SlimVerifier
 from .stats import DecodeStats
 from .stopping import StopRule
 from .text_draft import TextDraft
-from .tier_router import LearnedRouter, RouterRows
 
 LOOP = "loop"  # the pseudo-layout of the decode loop's per-block work in `DecodeStats.pass_widths`
 
@@ -52,14 +53,16 @@ def context_length(model: nn.Module) -> int | None:
 
 
 class DecodeSession:
-    """State of one decode. `ids`: LongTensor `[1, capacity]`; `length`: committed tokens (prompt + new)."""
+    """State of one decode: the surface every method uses (`methods.base.Session`, which documents it) and
+    the method's own state (`state`, made by its `set_up`). `ids`: LongTensor `[1, capacity]`; `length`:
+    committed tokens (prompt + new)."""
 
     def __init__(self, prompt_ids: Sequence[int], policy: DecodePolicy, target: nn.Module, vocab_size: int,
                  draft: nn.Module | None = None, slims: Sequence[SlimVerifier | IndependentVerifier] = (), tokenizer=None,
-                 eos_token_ids: Sequence[int] = (), router: LearnedRouter | None = None,
-                 router_rows: RouterRows | None = None, draft_tokenizer=None,
-                 oracle_reference: Sequence[int] | None = None):
+                 eos_token_ids: Sequence[int] = (), draft_tokenizer=None, inputs: MethodInputs | None = None):
         self.policy = policy
+        self.method = METHODS[policy.method]
+        self.target_model = target
         self.vocab_size = vocab_size
         device = next(target.parameters()).device
         self.device = device
@@ -77,37 +80,27 @@ class DecodeSession:
         if self.seq2seq:
             prompt = [decoder_start_id(target)]
         self.prompt_len = len(prompt)
-        capacity = self.prompt_len + policy.max_new_tokens + policy.gamma + 1
+        capacity = self.capacity = self.prompt_len + policy.max_new_tokens + policy.gamma + 1
         self._check_fits(policy, capacity, encoder_prompt, target, draft)
         self.ids = torch.zeros((1, capacity), dtype=torch.long, device=device)
         self.ids[0, : self.prompt_len] = torch.tensor(prompt, dtype=torch.long, device=device)
         self.length = self.prompt_len
         self.generated: list[int] = []
-        self.checked = self.prompt_len  # leading tokens the full model has seen or produced (viasd's lag)
-        self.proposals: dict[int, torch.Tensor] = {}  # viasd, sampling: position -> distribution its token came from
         self.done = False
         self.sampler = Sampler(policy.sampling, device, policy.seed)
         self.stop = StopRule(policy.max_new_tokens, eos_token_ids, policy.stop_strings, tokenizer)
         self.stats = DecodeStats(method=policy.method, prompt_tokens=len(encoder_prompt or prompt))
 
         # a draft with another tokenizer proposes through text (text_draft.py), with a sequence of its own
-        self.text_draft = _text_draft(policy, draft, draft_tokenizer, tokenizer, self.seq2seq)
+        self.text_draft = _text_draft(policy, self.method, draft, draft_tokenizer, tokenizer, self.seq2seq)
         self._make_runners(policy, target, None if self.text_draft else draft, slims, vocab_size, capacity)
         own = self.text_draft.runner if self.text_draft else None
         self.runners = [r for r in (self.draft, own, self.trunk, *self.slims, self.target) if r is not None]
-        self.router = self.peek = None  # viasd's learned router, or the oracle's peek runner
-        self.router_rows = router_rows
-        self.oracle_wrong = 0  # tokens the budgeted oracle settled although they were wrong
-        # the target's greedy output for this prompt, if the caller has it: the oracle reads its block targets
-        # there while the output is still that output (`oracle_targets`); not a budgeted oracle's, which reads rows
-        # after a wrong token it settled
-        self.oracle_reference = list(oracle_reference) if oracle_reference is not None and not policy.oracle_budget \
-            else None
-        if policy.method == "viasd":
-            viasd_method.set_up(self, target, vocab_size, capacity, router)
-        # the method's runners and the oracle's peek runner (kept out of `runners`: its passes are not the
-        # method's), for what every cache needs: start, the prompt's encoding, rollback
-        self.every_runner = [*(r for r in self.runners if r is not own), *([self.peek] if self.peek is not None else [])]
+        self.side_runners: list[ModelRunner] = []  # the method's runners whose passes are not its work
+        self.state = self.method.set_up(self, inputs or MethodInputs())
+        # the method's runners and its side runners, for what every cache needs: start, the prompt's encoding,
+        # rollback
+        self.every_runner = [*(r for r in self.runners if r is not own), *self.side_runners]
         # the target's generation config (forced tokens, minimum lengths, banned n-grams, ...) shapes every
         # model's distributions, row by row with each row's prefix (processors.py)
         settings = resolve(target, policy.generation_config, policy.generation, policy.sampling.greedy)
@@ -133,6 +126,11 @@ class DecodeSession:
                     f"the prompt has {self.prompt_len} tokens; with max_new_tokens={policy.max_new_tokens} and "
                     f"gamma={policy.gamma} decoding needs {capacity} positions but the {role} model supports {limit}"
                 )
+
+    def add_side_runner(self, runner: ModelRunner) -> None:
+        """A runner the method uses whose passes are not the method's work (the oracle's peeks): started,
+        encoded and rolled back with the others, its seconds taken off the decode's wall time."""
+        self.side_runners.append(runner)
 
     def _make_runners(self, policy: DecodePolicy, target: nn.Module, draft: nn.Module | None, slims,
                       vocab_size: int, capacity: int) -> None:
@@ -170,30 +168,6 @@ class DecodeSession:
                 for k, s in enumerate(slims)
             ]
 
-    def router_hidden(self, g: int) -> torch.Tensor | None:
-        """`[g + 1, H]`: the shared trunk's residual stream at the inputs whose logits are the block's rows
-        (the router's probe), or None without a trunk."""
-        if self.trunk is None:
-            return None
-        return self.trunk.hidden[0, self.length - 1 : self.length + g]
-
-    def oracle_targets(self, g: int) -> torch.Tensor:
-        """`[g + 1]`: the target's greedy tokens at the block's rows given the drafted block (the oracle's
-        peek; teacher-forced, counted apart from the decode's passes).
-
-        With `oracle_reference` (the target's greedy output of this prompt under the same settings: an `ar`
-        decode's tokens) and an output that is still its prefix, the rows come from it with no pass: row `i`
-        is the target's token given the block's draft tokens `x_0..x_{i-1}`, and the oracle only reads rows up
-        to the first draft token that differs from the target's (the block ends there), whose draft prefix is
-        the reference's own. Rows past the reference's end, or an output that left it (a full pass that broke a
-        near-tie the other way), take the peek pass; a budgeted oracle always does (it reads rows after a wrong
-        token it settled)."""
-        ref, n = self.oracle_reference, len(self.generated)
-        if ref is not None and n + g + 1 <= len(ref) and ref[:n] == self.generated:
-            self.stats.peek_from_reference += 1
-            return torch.tensor(ref[n : n + g + 1], dtype=torch.long, device=self.device)
-        return self.peek.forward(self.ids, self.length + g, g + 1).argmax(-1)
-
     def _encode(self, prompt: torch.Tensor) -> None:
         """Encode the prompt once per distinct encoder module: the target's outputs serve the target and
         every slim routed out of it (they share its encoder), the draft and an independent model encode
@@ -207,11 +181,11 @@ class DecodeSession:
                 self.stats.encoder_time_s += time.perf_counter() - start
             r.encoder_outputs = encoded[encoder]
 
-    @staticmethod
-    def _shared_prefix(policy: DecodePolicy, slims):
-        """The slim/full split when `policy.reuse` applies: viasd, one routed slim that keeps layer 0 (a
-        prefix-only mask included: the early exit) and a layout whose forward splits exactly (`reuse.SharedPrefix`); else None."""
-        if not (policy.reuse and policy.method == "viasd" and not policy.tiers_off and len(slims) == 1
+    def _shared_prefix(self, policy: DecodePolicy, slims):
+        """The slim/full split when `policy.reuse` applies: a method that shares the trunk, one routed slim that
+        keeps layer 0 (a prefix-only mask included: the early exit) and a layout whose forward splits exactly
+        (`reuse.SharedPrefix`); else None."""
+        if not (policy.reuse and self.method.shares_trunk and not policy.tiers_off and len(slims) == 1
                 and isinstance(slims[0], SlimVerifier)):
             return None
         return shared_prefix(slims[0])
@@ -290,18 +264,20 @@ class DecodeSession:
         if self.text_draft is not None:  # a draft with another tokenizer: its own encoding of the prompt's text
             self.text_draft.prefill(self.ids[0, : self.prompt_len].tolist())
 
-    def run(self, block: Callable[[DecodeSession], None]) -> DecodeResult:
+    def run(self, block: Callable[[DecodeSession, object], None] | None = None) -> DecodeResult:
+        """Prefill, then `block(self, self.state)` (default: the policy's method's) until a stop rule fires."""
+        block = block or self.method.block
         start = time.perf_counter()
         self.prefill()
         steps = 0
         while not self.done:
-            block(self)
+            block(self, self.state)
             steps += 1
         stats = self.stats
         stats.wall_time_s = time.perf_counter() - start + stats.encoder_time_s  # the prompt's encoding included
-        if self.peek is not None:  # the oracle's peeks are not part of the method: counted apart, not in its time
-            stats.peek_passes, stats.peek_time_s = self.peek.passes, self.peek.seconds
-            stats.wall_time_s -= self.peek.seconds
+        # side runners (the oracle's peeks) are not part of the method: counted apart, not in its time
+        stats.wall_time_s -= sum(r.seconds for r in self.side_runners)
+        self.method.finish(self, self.state)
         stats.new_tokens = len(self.generated)
         if self.text_draft is not None:
             stats.draft_own_tokens = self.text_draft.own_tokens
@@ -322,12 +298,13 @@ class DecodeSession:
         return DecodeResult(list(self.generated), stats)
 
 
-def _text_draft(policy: DecodePolicy, draft: nn.Module | None, draft_tokenizer, tokenizer, seq2seq: bool):
+def _text_draft(policy: DecodePolicy, method, draft: nn.Module | None, draft_tokenizer, tokenizer, seq2seq: bool):
     """The `TextDraft` of a draft with its own tokenizer, or None (a draft sharing the target's vocabulary)."""
     if draft is None or draft_tokenizer is None:
         return None
-    if policy.method not in ("sd", "viasd"):
-        raise PolicyError(f"a draft with another tokenizer than the target's runs sd and viasd, not {policy.method}: its "
+    if not method.text_draft:
+        takes = ", ".join(m.name for m in METHODS.values() if m.text_draft)
+        raise PolicyError(f"a draft with another tokenizer than the target's runs {takes}, not {policy.method}: its "
                           "proposals have no distribution over the target's vocabulary, which that method's test needs")
     if seq2seq or tokenizer is None:
         raise PolicyError("a draft with another tokenizer needs a decoder-only pair and the target's tokenizer")
@@ -337,8 +314,7 @@ def _text_draft(policy: DecodePolicy, draft: nn.Module | None, draft_tokenizer, 
 
 def decode(prompt_ids: Sequence[int], policy: DecodePolicy, target: nn.Module, vocab_size: int,
            draft: nn.Module | None = None, slims: Sequence[SlimVerifier | IndependentVerifier] = (), tokenizer=None,
-           eos_token_ids: Sequence[int] = (), router: LearnedRouter | None = None,
-           router_rows: RouterRows | None = None, draft_tokenizer=None,
+           eos_token_ids: Sequence[int] = (), router=None, router_rows=None, draft_tokenizer=None,
            oracle_reference: Sequence[int] | None = None) -> DecodeResult:
     """Decode `prompt_ids` with `policy.method`: `(models, prompt, policy) -> (tokens, stats)`. Pure:
     no files, no tracking. Greedy results are deterministic; sampled ones are fixed by `policy.seed`.
@@ -348,18 +324,17 @@ def decode(prompt_ids: Sequence[int], policy: DecodePolicy, target: nn.Module, v
     `draft_tokenizer`: the draft's own tokenizer when it is not the target's (`tokenizer`): its proposals
     are then carried through text (`text_draft.py`). `oracle_reference`: with the oracle router, the target's
     greedy output of this prompt under the same settings (an `ar` decode's tokens), which spares the oracle
-    its peek passes while the output follows it (`DecodeSession.oracle_targets`): the same tokens and
+    its peek passes while the output follows it (`methods.viasd.oracle_targets`): the same tokens and
     statistics either way, `peek_from_reference` counting the blocks it served."""
-    from .methods import BLOCKS
-
     if policy.needs_draft and draft is None:
         raise PolicyError(f"method {policy.method!r} needs a draft model")
     if policy.needs_slim and not slims:
         raise PolicyError(f"method {policy.method!r} needs a slim verifier (a routing mask over the target's layers)")
     session = DecodeSession(prompt_ids, policy, target, vocab_size, draft=draft if policy.needs_draft else None,
                             slims=slims if policy.needs_slim else (), tokenizer=tokenizer,
-                            eos_token_ids=eos_token_ids, router=router, router_rows=router_rows,
+                            eos_token_ids=eos_token_ids,
                             draft_tokenizer=draft_tokenizer if policy.needs_draft else None,
-                            oracle_reference=oracle_reference if policy.router == "oracle" else None)
+                            inputs=MethodInputs(router, router_rows,
+                                                oracle_reference if policy.router == "oracle" else None))
     with torch.inference_mode():
-        return session.run(BLOCKS[policy.method])
+        return session.run()

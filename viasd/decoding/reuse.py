@@ -157,12 +157,12 @@ class ExitHead(nn.Module):
         super().__init__()
         body = target
         for name in find_layer_stack(target)[:-1]:
-            body = body._modules[name]
-        name = next((n for n in FINAL_NORMS if n in body._modules), None)
+            body = body.get_submodule(name)
+        name = next((n for n in FINAL_NORMS if n in dict(body.named_children())), None)
         if name is None:
             raise UnsupportedArchitectureError(
                 f"{type(target).__name__}: no final norm named {' / '.join(FINAL_NORMS)} beside the layer stack")
-        self.norm = body._modules[name]
+        self.norm = body.get_submodule(name)
         self.head = target.get_output_embeddings()
         if self.head is None:
             raise UnsupportedArchitectureError(f"{type(target).__name__} has no output embeddings (LM head)")

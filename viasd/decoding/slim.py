@@ -9,9 +9,9 @@ How the view is built (explicitly, never by mutating the target):
   Qwen2/3, Gemma2, Phi-3: `model.layers`; GPT-2: `transformer.h`; GPT-NeoX: `gpt_neox.layers`;
   OPT: `model.decoder.layers`);
 - every module on the path from the root to that list is re-instantiated as a *view*: a new object
-  of the same class whose `_modules`/`_parameters`/`_buffers` are new dicts holding the same
-  children and tensors (a plain `copy.copy` would share the `_modules` dict and so replace the layer
-  list of the target too);
+  of the same class holding the same children and tensors in child tables of its own
+  (`module_views.view_of`: a plain `copy.copy` would share them and so replace the layer list of the
+  target too);
 - the list itself is replaced, in the view only, by a new `ModuleList` of the kept blocks;
 - the view gets its own config: a deep copy of the target's with `num_hidden_layers = len(keep)` and
   every per-layer list (e.g. Gemma2's `layer_types`) restricted to the kept layers, so that forward
@@ -33,6 +33,7 @@ from torch import nn
 
 from ..errors import MaskError, UnsupportedArchitectureError
 from .kv_cache import keep_slots, model_cache
+from .module_views import install_output_hooks, view_of
 from .seq2seq import decoder_depth, decoder_depth_key, encoder_depth, is_encoder_decoder, text_config
 
 
@@ -184,34 +185,6 @@ class RoutingMask:
         return len(self.keep_layers) / self.num_layers
 
 
-def _view_of(module: nn.Module) -> nn.Module:
-    """A new module object of the same class sharing every child and tensor, with its own dicts."""
-    view = module.__class__.__new__(module.__class__)
-    state = dict(module.__dict__)
-    state["_modules"] = type(module._modules)(module._modules)
-    state["_parameters"] = type(module._parameters)(module._parameters)
-    state["_buffers"] = type(module._buffers)(module._buffers)
-    view.__dict__.update(state)
-    return view
-
-
-def _install_output_hooks(target: nn.Module, path: tuple[str, ...]) -> None:
-    """transformers (5) installs its output-capturing hooks (`output_hidden_states`, attentions) on the
-    layers the first time a model is asked for them, and marks that model object. A view shares the
-    layers but is another object: asked first, it would hook the shared layers, and the target asked
-    later would hook them again and record every hidden state twice. Hooking the target before taking
-    a view lets the view inherit the mark, so the hooks exist once."""
-    try:
-        from transformers.utils.output_capturing import maybe_install_capturing_hooks
-    except ImportError:  # older transformers: outputs are returned by the layers, no hooks
-        return
-    node = target
-    for name in (None, *path[:-1]):
-        node = node if name is None else node._modules[name]
-        if getattr(node, "_can_record_outputs", None):
-            maybe_install_capturing_hooks(node)
-
-
 def _routed_config(config, keep: tuple[int, ...]):
     """A copy of `config` describing the kept layers only; the target's config is left untouched."""
     depth = decoder_depth_key(config) or "num_hidden_layers"  # an encoder-decoder model: its decoder's depth
@@ -238,28 +211,28 @@ def routed_view(target: nn.Module, keep, config=None, base: bool = False, final_
     """
     path = find_layer_stack(target)
     config = config if config is not None else _routed_config(decoder_config(target), tuple(keep))
-    _install_output_hooks(target, path)
-    root = _view_of(target)
+    install_output_hooks(target, path)
+    root = view_of(target)
     parent = root
     for name in path[:-1]:
-        child = _view_of(parent._modules[name])
-        parent._modules[name] = child
+        child = view_of(parent.get_submodule(name))
+        setattr(parent, name, child)
         parent = child
-    stack = parent._modules[path[-1]]
-    parent._modules[path[-1]] = nn.ModuleList([stack[i] for i in keep])
+    stack = parent.get_submodule(path[-1])
+    setattr(parent, path[-1], nn.ModuleList([stack[i] for i in keep]))
     if not final_norm:
-        name = next((n for n in FINAL_NORMS if n in parent._modules), None)
+        name = next((n for n in FINAL_NORMS if n in dict(parent.named_children())), None)
         if name is None:
             raise UnsupportedArchitectureError(
                 f"{type(target).__name__}: no final norm named {' / '.join(FINAL_NORMS)} beside the layer stack")
-        parent._modules[name] = nn.Identity()
+        setattr(parent, name, nn.Identity())
     # Modules on the path whose config describes the stack read the routed copy instead.
     text_config = decoder_config(target)
     node = root
     for name in (None, *path[:-1]):
-        node = node if name is None else node._modules[name]
+        node = node if name is None else node.get_submodule(name)
         if getattr(node, "config", None) is text_config:
-            node.__dict__["config"] = config
+            node.config = config
     if encoder_keep is not None:
         _route_encoder(root, target, tuple(encoder_keep))
     return parent if base else root
@@ -271,14 +244,14 @@ def _route_encoder(root: nn.Module, target: nn.Module, keep: tuple[int, ...]) ->
     path = find_encoder_stack(target)
     node, original = root, target
     for name in path[:-1]:
-        original = original._modules[name]
-        child = node._modules[name]
+        original = original.get_submodule(name)
+        child = node.get_submodule(name)
         if child is original:  # still the target's own module: view it before changing it
-            child = _view_of(child)
-            node._modules[name] = child
+            child = view_of(child)
+            setattr(node, name, child)
         node = child
-    stack = node._modules[path[-1]]
-    node._modules[path[-1]] = nn.ModuleList([stack[i] for i in keep])
+    stack = node.get_submodule(path[-1])
+    setattr(node, path[-1], nn.ModuleList([stack[i] for i in keep]))
 
 
 # names of the final norm applied after the decoder layer stack (Llama/Mistral/Qwen/Gemma: norm; Phi:

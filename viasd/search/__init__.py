@@ -1,1 +1,2 @@
-"""Offline searches: DIMR routing masks (docs/method.md (DIMR)) and VIA-SD thresholds (§2.4), with Optuna."""
+"""Offline searches: DIMR routing masks (docs/method.md, "DIMR") and VIA-SD thresholds (docs/method.md,
+"Threshold tuning"), with Optuna."""

@@ -90,9 +90,13 @@ PART = Worker(part=True)  # a process running whole searches of a stage alone, w
 
 def heartbeat_interval(storage) -> int | None:
     """The storage's heartbeat interval in seconds (None: the storage records no heartbeats)."""
-    from optuna.storages._heartbeat import is_heartbeat_enabled
+    get_interval = getattr(storage, "get_heartbeat_interval", None)  # storages with heartbeats (RDB, journal)
+    return get_interval() if callable(get_interval) else None
 
-    return storage.get_heartbeat_interval() if not isinstance(storage, str) and is_heartbeat_enabled(storage) else None
+
+def trial_id(storage, study, number: int) -> int:
+    """The storage's id of trial `number` of `study` (what its heartbeats are recorded under)."""
+    return storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study.study_name), number)
 
 
 @contextlib.contextmanager
@@ -168,7 +172,7 @@ def run_trials(study, storage, n_trials: int, sampler_for: Callable[[int], objec
             trial.set_user_attr("surplus", True)
             study.tell(trial, state=TrialState.FAIL)
             continue
-        with heartbeat(storage, trial._trial_id, interval):
+        with heartbeat(storage, trial_id(storage, study, trial.number) if interval else None, interval):
             value = evaluate(trial)
         frozen = study.tell(trial, value, skip_if_finished=True)
         if frozen.state != TrialState.COMPLETE:  # failed as stale meanwhile (a long pause): enqueued again

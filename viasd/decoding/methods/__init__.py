@@ -1,11 +1,10 @@
-"""One module per decoding method; each exposes `block(session)` (docs/method.md (methods and ablations))."""
+"""One module per decoding method, each a `base.Method` (docs/method.md, "Methods and ablations"): `ar`, `sd`,
+`cascade_sd`, `spec_cascade`, `viasd`. `base` says what a method is and the session surface it may use."""
 
 from . import ar, cascade_sd, sd, spec_cascade, viasd
+from .base import Method, MethodInputs, Session
 
-BLOCKS = {
-    "ar": ar.block,
-    "sd": sd.block,
-    "cascade_sd": cascade_sd.block,
-    "spec_cascade": spec_cascade.block,
-    "viasd": viasd.block,
-}
+METHODS: dict[str, Method] = {m.name: m for m in (ar.METHOD, sd.METHOD, cascade_sd.METHOD, spec_cascade.METHOD,
+                                                  viasd.METHOD)}
+
+__all__ = ["METHODS", "Method", "MethodInputs", "Session"]

@@ -1,7 +1,8 @@
 """`cascade_sd`: draft -> slim -> target, each hop a lossless speculative test (the "binary
 hierarchical" prior work). Lossless: the output has exactly the target's distribution.
 
-Inner hop: the draft proposes `g` tokens, the slim verifier `q'` tests them (§2.1 with `q'` as the
+Inner hop: the draft proposes `g` tokens, the slim verifier `q'` tests them (the lossless test of
+speculative decoding, [Leviathan et al. 2023](https://arxiv.org/abs/2211.17192), with `q'` as the
 verifier), yielding tokens `y` that are exactly `q'`-distributed. Rounds repeat until `gamma_slim`
 slim-level tokens are collected. Outer hop: the full model runs once over all `y` and tests them
 with `q'` as the proposal: accept `y_j` with probability `min(1, q_j(y_j) / q'_j(y_j))`, resample
@@ -13,9 +14,10 @@ from __future__ import annotations
 import torch
 
 from ..acceptance import lossless, proposal_test
+from .base import Method, Session
 
 
-def block(s) -> None:
+def block(s: Session, state: None) -> None:
     st, pol = s.stats, s.policy
     slim = s.slims[0]
     start = s.length
@@ -61,3 +63,6 @@ def block(s) -> None:
         st.bonus += 1
         st.verified += m
     s.commit(n, token)
+
+
+METHOD = Method("cascade_sd", block)

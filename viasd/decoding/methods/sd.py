@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from ..acceptance import lossless
+from .base import Method, Session
 
 
-def block(s) -> None:
+def block(s: Session, state: None) -> None:
     x, p_logits = s.draft_tokens(s.block_size())
     g = len(x)  # a draft with another tokenizer may propose fewer (text_draft.py), even none
     p = None if s.sampler.greedy else s.sampler.probs(p_logits)
@@ -15,3 +16,6 @@ def block(s) -> None:
     s.stats.drafted += g
     s.stats.record_full_verification(g, n)
     s.commit(n, token)
+
+
+METHOD = Method("sd", block, text_draft=True)

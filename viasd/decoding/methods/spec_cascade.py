@@ -1,9 +1,9 @@
-"""`spec_cascade`: speculative cascades (Narasimhan et al. 2024, "Faster Cascades via Speculative
-Decoding"), lossy. In our notation the draft is `p` and the target `q` (the paper names them the
-other way round).
+"""`spec_cascade`: speculative cascades ("Faster Cascades via Speculative Decoding",
+[Narasimhan et al. 2024](https://arxiv.org/abs/2405.19261)), lossy. In our notation the draft is `p` and
+the target `q` (the paper names them the other way round).
 
-The target distribution at each position is a cascade `pi` of `p` and `q`, sampled by the
-speculative test of §2.1 with `pi` in place of `q`:
+The target distribution at each position is a cascade `pi` of `p` and `q`, sampled by the lossless
+speculative test ([Leviathan et al. 2023](https://arxiv.org/abs/2211.17192)) with `pi` in place of `q`:
 accept `x ~ p` with probability `min(1, pi(x)/p(x))`, else draw from `norm(max(0, pi - p))`.
 
 Sequence-level deferral rules, `delta = 1` means "defer to the target" (`pi = q`), else `pi = p`:
@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from ..acceptance import leading_true, proposal_test
+from .base import Method, Session
 
 
 def _tv(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -64,7 +65,7 @@ def cascade_target(rule: str, alpha: float, p: torch.Tensor, q: torch.Tensor) ->
     return torch.where(d, q, p)
 
 
-def block(s) -> None:
+def block(s: Session, state: None) -> None:
     pol = s.policy
     g = s.block_size()
     x, p_logits = s.draft_tokens(g)
@@ -86,3 +87,6 @@ def block(s) -> None:
     s.stats.drafted += g
     s.stats.record_full_verification(g, n)
     s.commit(n, token)
+
+
+METHOD = Method("spec_cascade", block)
