@@ -1,4 +1,4 @@
-"""The cost model's per-pass costs, by runner layout and width (docs/method.md, "Cost model").
+"""The cost model's per-pass costs, by runner layout and width (docs/method.md, "Threshold tuning").
 
 A pass of a runner layout (`DecodeStats.layouts`: `target:12` is a full-model pass, `target:6` the full
 model's rest after a shared trunk, `slim:0` an exit head) costs
