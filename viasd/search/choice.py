@@ -38,9 +38,8 @@ def eligible(point: dict, cfg) -> bool:
 
     Why: fidelity, like the task drop, is measured on the same few dev prompts for every trial, and the
     search keeps the cheapest trial that met the floor, which sits at the floor because of the prompts it
-    drew as much as because of its thresholds. Measured on the default family: the three cheapest feasible
-    policies had dev fidelity 0.954-0.965 and 0.930-0.950 on 48 held-out prompts. The bound asks the
-    margin that the dev prompts' own spread justifies; the held-out confirmation then checks the pick."""
+    drew as much as because of its thresholds (docs/quality.md, "The choice, confirmed on held-out prompts").
+    The bound asks the margin that the dev prompts' own spread justifies; the held-out confirmation then checks the pick."""
     if point["tiers_off"] or cfg.quality.min_fidelity is None:
         return True
     bound = fidelity_lower_bound(point, cfg.fidelity_confidence)
@@ -53,9 +52,7 @@ def held_out_bound_violation(bound: float | None, cfg) -> dict:
     misses the floor, else {}.
 
     Why: the held-out prompts are the evidence the choice's fidelity rests on, and on them a point estimate just
-    over the floor is a coin toss on the next prompts. Measured on the default family: a policy kept at held-out
-    fidelity 0.955 (SE 0.008 over 19 files) measured 0.951 on the 48 test prompts and 0.948 on the bench's 24.
-    The same confidence as on dev (`eligible`), so one setting says how sure the choice must be."""
+    over the floor is a coin toss on the next prompts (docs/quality.md). The same confidence as on dev (`eligible`), so one setting says how sure the choice must be."""
     floor = cfg.quality.min_fidelity
     if floor is None or bound is None or bound >= floor:
         return {}
@@ -72,13 +69,12 @@ def rank_candidates(tiered: list[dict], cfg) -> list[dict]:
     first, then the rest, cheapest first.
 
     Why: the cost model's per-pass costs are measured on a few decodes, and costs that close cannot be told
-    apart (a fully gated policy, SD with split passes, came out 1.6 % cheaper than SD by that noise alone,
-    which is why `min_gain` is 3 %); between policies the model cannot rank, the one with the most fidelity
+    apart (a fully gated policy, SD with split passes, came out cheaper than SD by that noise alone, which is why
+    `min_gain` exists); between policies the model cannot rank, the one with the most fidelity
     margin is the better bet, as the one-standard-error rule takes the simplest model among those whose errors
     cannot be told apart. The bound, not the dev task drop, ranks them: the drop on 24 prompts has a standard
-    error about as large as its bar, so ranking by it would pick the luckiest drop again. Measured on the
-    default family's continuation search: the cheapest eligible trial (dev fidelity 0.967, drop 0.79) kept
-    at 0.977 / 1.15 on test, and a trial 2.5 % dearer had dev fidelity 0.985 and drop 0.08."""
+    error about as large as its bar, so ranking by it would pick the luckiest drop again (docs/quality.md,
+    "Costs the model cannot tell apart")."""
     if not tiered:
         return []
     tiered = sorted(tiered, key=lambda t: (t["cost_per_token"], t["number"] or 0))
@@ -96,10 +92,10 @@ def confirm_choice(ranked: list[dict], confirm, cfg) -> tuple[dict | None, list[
 
     Why: the search keeps the cheapest of many trials that passed the constraints on the same few dev
     prompts, so it prefers trials whose task-metric drop came out low by chance (a corpus chrF drop on 24
-    prompts has a standard error of about a point once most outputs diverge from `ar`'s). The chosen
+    prompts has a standard error about as large as its bar once most outputs diverge from `ar`'s). The chosen
     policy's figures on dev are biased low; on prompts it was not selected on they are not. Those come from
     other source files than the search's (`split_by_group`): cuts of one file are alike, so held-out cuts of
-    the search's own files confirm what the search fitted (measured: 0.952 on such prompts, 0.941 on test).
+    the search's own files confirm what the search fitted (docs/quality.md).
     Each check is `{number, search, cost_per_token (dev), fidelity, fidelity_se, fidelity_lower_bound, groups,
     task_drop, task_drop_se, violations, feasible, prompts}`."""
     checks = []

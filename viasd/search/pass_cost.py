@@ -8,8 +8,8 @@ model's rest after a shared trunk, `slim:0` an exit head) costs
 seconds for `w` tokens fed (rows, for an exit head): a fixed part (the weights read once, the call's
 own overhead) and a part that grows with the block. The decode loop's own work outside the passes
 (drafting loop, sampling, tier decisions, commits) is one more layout, `loop:<method>`, one "pass" per
-call of the method's block: on a machine with a high per-op cost it is a large share of a block (there,
-a model of the passes alone had predicted `sd` 1.74x `ar` where 1.23x was measured). Costing a pass by its layout alone charged a
+call of the method's block: on a machine with a high per-op cost it is a large share of a block, and a
+model of the passes alone overrates every speculative method there. Costing a pass by its layout alone charged a
 7-token verification (γ = 6) the same as a 3-token one (γ = 2), and so favoured long blocks.
 
 The two numbers are fitted per layout, by least squares weighted by pass counts, on the decoding

@@ -1,15 +1,11 @@
-"""The cost model calibrated on the dev decodes' wall time, per block length γ (docs/method.md, "Threshold tuning",
-"The cost model calibrated on wall time").
+"""The cost model calibrated on the dev decodes' wall time, per block length γ (docs/method.md, "Threshold tuning").
 
 The per-pass model (`search.pass_cost`) prices every decoding pass by its layout and width, fitted on the passes of
 a few probe decodes. It leaves out whatever a pass costs because of the passes around it (a likely part on a CPU: a
 model's weights evicted from the caches by the pass before, which a short block, switching models more often per
-token, pays more often; not measured apart). Measured on the default family (12 continuation prompts, costs fitted
-on those very decodes, so the fit itself is as good as it gets), the model put `sd` at γ 2 at 0.91–0.98 of its wall
-time and at γ 6 at 1.07–1.12, `viasd` likewise (0.90–0.95 at γ 2, 1.09 at γ 4): per γ, tiered or not, the same
-error. In the study, where two searches run side by side, the factors spread as much with the other search's phase
-(docs/method.md). A search ranking γ 2 against γ 4 on the model alone picks the short blocks the clock does not
-reward.
+token, pays more often). That error depends on γ, tiered or not, so a search ranking γ 2 against γ 4 on the model
+alone picks the short blocks the clock does not reward; in the study, where two searches run side by side, the other
+search's phase moves the factors too.
 
 The calibration is one factor per γ: the dev decodes' wall time, prefill left out as in the model, over their
 modelled cost, pooled over every decode of the search at that γ (SD's points and every trial, weighted by prompts

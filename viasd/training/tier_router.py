@@ -19,8 +19,8 @@ is the one fitted without them, so its reported AUC and ECE are its own.
 Model selection (`fit_router` with more than one candidate): whether the probe is used, and each head's L2
 penalty, are chosen on validation decodes (a further `holdout` share of the training decodes, never the
 held-out ones) by mean log-loss, a proper scoring rule (it rewards ranking and calibration alike); the
-chosen setting is then refitted on every training decode. On the default family the probe's 256 hidden
-dimensions over-fit a few thousand rows and the choice drops it (measured in docs/method.md, "Fitting it").
+chosen setting is then refitted on every training decode. A probe's hidden dimensions can over-fit a few
+thousand rows, and then the choice drops it (docs/method.md, "The router: who decides the tiers").
 """
 
 from __future__ import annotations

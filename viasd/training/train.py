@@ -26,8 +26,8 @@ Options:
 
 Where and how: on `models.device` (the stage's GPU when it has one), with the forward passes in
 `train.precision`: `float32`, or `bfloat16` autocast (mixed precision: weights, gradients, optimizer state
-and the losses' softmaxes stay float32, the matrix products run in bfloat16; 1.35-1.5x the float32 steps/s
-on this project's AVX512-BF16 CPUs, docs/study.md "Time"). The test-split perplexity is always float32.
+and the losses' softmaxes stay float32, the matrix products run in bfloat16, faster on CPUs with native bfloat16
+such as AVX512-BF16). The test-split perplexity is always float32.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ rule decode:
         decode=config["decode"],
         task=task_params,
         runs=STUDY["runs"],
-    # one thread: at batch 1 a model of the default target's shape gains ~7 % from a second thread (4.8
-    # against 5.2 ms/token, random weights), while two one-thread jobs side by side each keep ~95 % of their speed
+    # one thread: at batch 1 a small model gains little from a second thread, while two one-thread jobs side by side
+    # each keep most of their speed (README, "Cores and threads"); more with --set-threads decode=N
     threads: 1
     resources:
         gpu=GPU,
