@@ -52,7 +52,8 @@ def held_out_bound_violation(bound: float | None, cfg) -> dict:
     misses the floor, else {}.
 
     Why: the held-out prompts are the evidence the choice's fidelity rests on, and on them a point estimate just
-    over the floor is a coin toss on the next prompts (docs/quality.md). The same confidence as on dev (`eligible`), so one setting says how sure the choice must be."""
+    over the floor is a coin toss on the next prompts (docs/quality.md). The same confidence as on dev
+    (`eligible`), so one setting says how sure the choice must be."""
     floor = cfg.quality.min_fidelity
     if floor is None or bound is None or bound >= floor:
         return {}
