@@ -303,7 +303,8 @@ def _text_draft(policy: DecodePolicy, method, draft: nn.Module | None, draft_tok
     if draft is None or draft_tokenizer is None:
         return None
     if not method.text_draft:
-        takes = ", ".join(m.name for m in METHODS.values() if m.text_draft)
+        names = [m.name for m in METHODS.values() if m.text_draft]
+        takes = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
         raise PolicyError(f"a draft with another tokenizer than the target's runs {takes}, not {policy.method}: its "
                           "proposals have no distribution over the target's vocabulary, which that method's test needs")
     if seq2seq or tokenizer is None:

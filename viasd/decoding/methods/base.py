@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+from torch import nn
 
 from ..runner import ModelRunner
 from ..sampling import Sampler
@@ -47,7 +48,7 @@ class Session(Protocol):
     Models: `draft`, `target`, `slims` (smallest first), `trunk` (the layers the slim and the full model
     share, with reuse; else None), each a runner (`runner.ModelRunner`: `forward(ids, upto, rows)` returns
     the last `rows` logits `[rows, V]` after feeding `ids[cached:upto]`; `rollback(n)`; `cached`).
-    `model(name)`: the `nn.Module` behind the target (for a side runner of the method's own).
+    `target_model`: the target's `nn.Module` (for a side runner of the method's own, such as the oracle's peek).
     Sampling: `sampler` (greedy or the policy's temperature/top-k/top-p, seeded), `vocab_size`, `device`.
     `policy` (`DecodePolicy`), `stats` (`DecodeStats`), `capacity` (positions of the buffer)."""
 
@@ -61,6 +62,7 @@ class Session(Protocol):
     target: ModelRunner
     slims: list[ModelRunner]
     trunk: Any
+    target_model: nn.Module
     sampler: Sampler
     stats: DecodeStats
     vocab_size: int
