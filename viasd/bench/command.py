@@ -20,6 +20,7 @@ from .timing import (
     HF,
     VIASD_VARIANTS,
     BenchError,
+    early_exit_layers,
     method_table,
     per_token_seconds,
     run_benchmark,
@@ -121,10 +122,22 @@ def default_methods(params: Params) -> list[str]:
     return [m for m in HF + METHODS + VIASD_VARIANTS if m != "viasd-oracle_budget" or budget is not None]
 
 
+def _prefix_slim(models) -> bool:
+    """The pair's slim keeps only a prefix of the target's layers (an early exit transformers can draft with)."""
+    try:
+        early_exit_layers(models)
+    except BenchError:
+        return False
+    return True
+
+
 def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: list[str], prompts: int,
                     max_new_tokens: int | None, repeats: int, gamma: int | None, device: str, dtype: str,
                     progress: bool = True, engine: dict | None = None) -> dict:
     pair, models = load_bench_models(params, pair_name, device, dtype)
+    if "hf_early_exit" in methods and methods == default_methods(params) and not _prefix_slim(models):
+        log.info("hf_early_exit left out: the pair's slim does not keep a prefix of the target's layers")
+        methods = [m for m in methods if m != "hf_early_exit"]
     engine = engine_options(params, engine)
     gamma, source = bench_gamma(params, pair.name, task, gamma)
     max_new = max_new_tokens or params.max_new_tokens(task)

@@ -68,6 +68,7 @@ def summarise(methods, seconds, n_tokens, stats, counts, memory, peeks=None) -> 
               "sd_vs_hf_assisted": ratio("sd", best_hf_assisted) if best_hf_assisted else None,
               "sd_vs_ar": ratio("sd", "ar"), "viasd_vs_sd": ratio("viasd", "sd"), "viasd_vs_ar": ratio("viasd", "ar"),
               "cascade_sd_vs_ar": ratio("cascade_sd", "ar"), "spec_cascade_vs_ar": ratio("spec_cascade", "ar"),
+              "self_sd_vs_ar": ratio("self_sd", "ar"), "self_sd_vs_hf_early_exit": ratio("self_sd", "hf_early_exit"),
               "hf_assisted_vs_hf_ar": ratio(best_hf_assisted, "hf_ar") if best_hf_assisted else None}
     efficiency = {}
     ar = stats.get("ar")

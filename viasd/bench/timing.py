@@ -45,7 +45,9 @@ log = logging.getLogger(__name__)
 # token decides, its peek passes not counted), the budgeted oracle at the fidelity floor (the ceiling of a router
 # that spends the same fidelity) and the hand-set rules tuned on their own (the rules ablation)
 VIASD_VARIANTS = ("viasd-oracle", "viasd-oracle_budget", "viasd-rules")
-HF = ("hf_ar", "hf_assisted", "hf_assisted_fixed")
+# transformers' own: greedy generate, assisted generation with the draft (its heuristic schedule, and a fixed
+# `gamma` tokens per round), and its self-speculation (`assistant_early_exit`: the target's first layers draft)
+HF = ("hf_ar", "hf_assisted", "hf_assisted_fixed", "hf_early_exit")
 
 
 
@@ -54,6 +56,7 @@ class BenchMethod:
     name: str
     policy: DecodePolicy | None = None  # ours
     assistant_tokens: int | None = None  # hf_assisted_fixed: num_assistant_tokens, constant schedule
+    early_exit: int | None = None  # hf_early_exit: the layers that draft (transformers' assistant_early_exit)
 
 
 class PassCounter:
@@ -113,10 +116,11 @@ def _vocab_size(model) -> int:
 
 
 def hf_generate(models: ModelSet, max_new_tokens: int, assistant: bool, assistant_tokens: int | None = None,
-                settings: ProcessorSettings | None = None) -> Callable:
+                settings: ProcessorSettings | None = None, early_exit: int | None = None) -> Callable:
     """`prompt ids -> new ids` through `transformers`' own generate (greedy, no EOS stop), with the per-token
     generation `settings` our methods decode with, and no other of the target's generation config's
-    (`generate` would fill every unset field from it)."""
+    (`generate` would fill every unset field from it). `assistant`: assisted generation with the draft;
+    `early_exit`: self-speculation, the target's first `early_exit` layers drafting (`assistant_early_exit`)."""
     from transformers import GenerationConfig
 
     config = GenerationConfig(max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=False, eos_token_id=None,
@@ -141,6 +145,8 @@ def hf_generate(models: ModelSet, max_new_tokens: int, assistant: bool, assistan
     def run(prompt: list[int]) -> list[int]:
         ids = torch.tensor([prompt], device=device)
         kwargs = {"assistant_model": models.draft} if assistant else {}
+        if early_exit is not None:
+            kwargs["assistant_early_exit"] = early_exit
         if assistant and models.cross_vocab:  # transformers' universal assisted generation
             kwargs.update(tokenizer=models.tokenizer, assistant_tokenizer=models.draft_tokenizer)
         own = models.draft.generation_config if assistant else None
@@ -173,6 +179,8 @@ def method_table(models: ModelSet, names: list[str], gamma: int, max_new_tokens:
             out.append(BenchMethod(name))
         elif name == "hf_assisted_fixed":
             out.append(BenchMethod(name, assistant_tokens=gamma))
+        elif name == "hf_early_exit":
+            out.append(BenchMethod(name, early_exit=early_exit_layers(models)))
         elif name == "viasd":
             out.append(BenchMethod(name, replace(base, method="viasd", **(viasd or {}))))
         elif name in VIASD_VARIANTS:
@@ -190,11 +198,28 @@ def method_table(models: ModelSet, names: list[str], gamma: int, max_new_tokens:
             out.append(BenchMethod(name, replace(base, method=name)))
         else:
             raise BenchError(f"unknown benchmark method {name!r}; choose from {', '.join(METHODS + VIASD_VARIANTS + HF)}")
-    if any(m.name != "ar" and m.name != "hf_ar" for m in out) and models.draft is None:
-        raise BenchError("the speculative methods need a draft model")
-    if any(m.name in ("cascade_sd", "viasd", *VIASD_VARIANTS) for m in out) and not models.slims:
-        raise BenchError("cascade_sd and viasd need a slim verifier (a routing mask)")
+    if any(m.name not in DRAFTLESS for m in out) and models.draft is None:
+        raise BenchError("the speculative methods but self_sd need a draft model")
+    if any(m.name in ("cascade_sd", "self_sd", "viasd", *VIASD_VARIANTS) for m in out) and not models.slims:
+        raise BenchError("cascade_sd, self_sd and viasd need a slim verifier (a routing mask)")
     return out
+
+
+DRAFTLESS = ("ar", "hf_ar", "self_sd", "hf_early_exit")  # methods that load no draft model
+
+
+def early_exit_layers(models: ModelSet) -> int:
+    """The leading layers the pair's slim keeps (`self_sd`'s early exit, when the mask is a prefix): what
+    `hf_early_exit` drafts with, so that transformers' self-speculation and ours draft alike."""
+    from ..decoding.reuse import prefix_length
+    from ..decoding.slim import SlimVerifier
+
+    slim = models.slims[0] if models.slims else None
+    k = prefix_length(slim.mask.keep_layers) if isinstance(slim, SlimVerifier) else 0
+    if not k or k != len(slim.mask.keep_layers):
+        raise BenchError("hf_early_exit drafts with the target's first layers: the pair's slim must keep a prefix "
+                         "of its layers (a mask 0..k-1), as the default family's DIMR mask does")
+    return k
 
 
 def _runner(models: ModelSet, method: BenchMethod, max_new_tokens: int, settings: ProcessorSettings,
@@ -205,8 +230,8 @@ def _runner(models: ModelSet, method: BenchMethod, max_new_tokens: int, settings
         if greedy is not None and method.policy.router == "oracle":
             return lambda prompt: models.generate(prompt, method.policy, oracle_reference=greedy.get(tuple(prompt)))
         return lambda prompt: models.generate(prompt, method.policy)
-    return hf_generate(models, max_new_tokens, assistant=method.name != "hf_ar", assistant_tokens=method.assistant_tokens,
-                       settings=settings)
+    return hf_generate(models, max_new_tokens, assistant=method.name in ("hf_assisted", "hf_assisted_fixed"),
+                       assistant_tokens=method.assistant_tokens, settings=settings, early_exit=method.early_exit)
 
 
 def generation_settings(models: ModelSet, methods: list[BenchMethod]) -> ProcessorSettings:
@@ -331,6 +356,7 @@ def _timed_rounds(methods: list[BenchMethod], timed: dict[str, Callable], prompt
 # stage found one (its JSON's `gamma_source`)
 INTERVAL_PAIRS = (("viasd", "sd"), ("sd", "ar"), ("viasd", "ar"), ("viasd-oracle", "sd"), ("viasd-oracle_budget", "sd"),
                   ("viasd-rules", "sd"), ("cascade_sd", "sd"), ("spec_cascade", "sd"), ("ar", "hf_ar"),
+                  ("self_sd", "sd"), ("self_sd", "hf_early_exit"), ("self_sd", "ar"),
                   ("sd", "hf_assisted"), ("sd", "hf_assisted_fixed"))
 
 

@@ -171,14 +171,14 @@ def _direct(args):
         raise ViasdError("give the models: --target DIR (and --draft, --mask ...), or a study cell: --pair P --task T")
     base = DecodePolicy(method=args.method or DEFAULTS["method"])
     policy = replace(base, **policy_overrides(args, base))
-    if policy.method != "ar" and not args.draft:
+    if policy.needs_draft and not args.draft:
         raise ViasdError(f"method {policy.method} needs --draft")
-    if policy.method in ("viasd", "cascade_sd") and not (args.mask or args.keep_layers or args.independent):
+    if policy.needs_slim and not (args.mask or args.keep_layers or args.independent):
         raise ViasdError(f"method {policy.method} needs a slim verifier: pass --mask FILE or --keep-layers 0,2,...")
     if (policy.router == "learned") != (args.router_file is not None):
         raise ViasdError("--router learned and --router-file FILE go together")
     device = args.device or "auto"
-    models = load_models(args.target, draft=args.draft if policy.method != "ar" else None, device=device,
+    models = load_models(args.target, draft=args.draft if policy.needs_draft else None, device=device,
                          dtype=args.dtype, trust_remote_code=args.trust_remote_code)
     if policy.needs_slim:
         n = num_decoder_layers(models.target)

@@ -185,7 +185,7 @@ class DecodeSession:
         """The slim/full split when `policy.reuse` applies: a method that shares the trunk, one routed slim that
         keeps layer 0 (a prefix-only mask included: the early exit) and a layout whose forward splits exactly
         (`reuse.SharedPrefix`); else None."""
-        if not (policy.reuse and self.method.shares_trunk and not policy.tiers_off and len(slims) == 1
+        if not (policy.reuse and self.method.shares_trunk and policy.runs_slim and len(slims) == 1
                 and isinstance(slims[0], SlimVerifier)):
             return None
         return shared_prefix(slims[0])
@@ -256,7 +256,7 @@ class DecodeSession:
         feeds the last committed token (`runner.cached <= length - 1`). With every tier off no slim runs, so
         none is prefilled (tiers off is SD, pass for pass)."""
         upto = self.prompt_len - 1
-        unused = set(self.slims) if self.policy.tiers_off else set()
+        unused = set() if self.policy.runs_slim else set(self.slims)
         if upto > 0:
             for r in self.every_runner:
                 if r not in unused:

@@ -9,8 +9,8 @@ from ..errors import PolicyError
 from .processors import ProcessorSettings
 from .sampling import SamplingConfig
 
-METHODS = ("ar", "sd", "cascade_sd", "spec_cascade", "viasd")
-LOSSLESS = frozenset({"ar", "sd", "cascade_sd"})
+METHODS = ("ar", "sd", "self_sd", "cascade_sd", "spec_cascade", "viasd")
+LOSSLESS = frozenset({"ar", "sd", "self_sd", "cascade_sd"})
 SPEC_CASCADE_RULES = ("chow", "diff", "opt", "token_v1", "token_v2", "token_v3")
 ROUTERS = ("rules", "learned", "oracle")  # how viasd decides its tiers (decoding/tier_router.py)
 CACHE_KINDS = ("inplace", "dynamic", "static")  # KV cache of each runner (viasd.kv_cache)
@@ -159,11 +159,12 @@ class DecodePolicy:
 
     @property
     def needs_draft(self) -> bool:
-        return self.method != "ar"
+        """A draft model: every method but `ar` and `self_sd` (whose slim drafts)."""
+        return self.method not in ("ar", "self_sd")
 
     @property
     def needs_slim(self) -> bool:
-        return self.method in ("viasd", "cascade_sd")
+        return self.method in ("viasd", "cascade_sd", "self_sd")
 
     @property
     def runs_slim(self) -> bool:

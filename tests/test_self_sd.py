@@ -1,0 +1,90 @@
+"""Self-speculative decoding (`self_sd`): the slim drafts, the full model verifies. Greedy output equals
+`generate(do_sample=False)` on every decoder-only layout the engine routes, with and without reuse (where the
+full model runs only the layers after the shared prefix), a prefix mask's early exit included; sampled output
+has the target's distribution; the command line decodes with no draft model."""
+
+import json
+import math
+
+import pytest
+from conftest import PROMPTS
+from test_distribution import ALPHA, exact_two_token_distribution, p_value, sample_counts
+from test_equivalence import MAIN_ARCHS, OTHER_ARCHS, hf_greedy
+from test_stats import check_accounting
+
+from viasd import DecodePolicy, RoutingMask, SlimVerifier, decode
+from viasd.decoding.reuse import shared_prefix
+
+N_NEW = 24
+
+
+def self_sd(models, ids, slim, gamma=4, reuse=False, **kw):
+    policy = DecodePolicy(method="self_sd", gamma=gamma, max_new_tokens=N_NEW, eos_token_ids=(), reuse=reuse, **kw)
+    return decode(ids, policy, models.target, models.vocab_size, slims=[slim])
+
+
+@pytest.mark.parametrize("arch", MAIN_ARCHS + OTHER_ARCHS)
+def test_greedy_self_sd_equals_transformers(model_sets, tokenizer, arch):
+    models = model_sets(arch)
+    ids = tokenizer(PROMPTS[0])["input_ids"]
+    reference = hf_greedy(models, ids, N_NEW, None)
+    for gamma in (1, 3, 5):
+        out = self_sd(models, ids, models.slims[0], gamma)
+        assert out.token_ids == reference, gamma
+        check_accounting(out.stats)
+        assert "draft" not in out.stats.passes and out.stats.passes["slim"] > 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("keep", [[0, 1], [0, 2]])
+def test_reuse_shares_the_drafts_layers_with_the_verification(model_sets, tokenizer, arch, keep):
+    """With reuse, the slim's leading layers are the trunk: computed once per position while drafting, the
+    verification runs only layers k..L-1 (a prefix mask is an early exit: the draft computes no layer of its own);
+    the tokens are those of the unshared run, and greedy `ar`'s."""
+    models = model_sets(arch)
+    L = models.target.config.num_hidden_layers
+    slim = SlimVerifier(models.target, RoutingMask.from_layers(keep, L))
+    k = shared_prefix(slim).k
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt)["input_ids"]
+        shared, plain = self_sd(models, ids, slim, reuse=True), self_sd(models, ids, slim, reuse=False)
+        assert shared.token_ids == plain.token_ids == hf_greedy(models, ids, N_NEW, None)
+        assert shared.stats.passes["target"] == plain.stats.passes["target"]
+        assert shared.stats.layer_tokens["target"] == (L - k) * shared.stats.tokens_processed["target"]
+        assert sum(shared.stats.layer_tokens.values()) < sum(plain.stats.layer_tokens.values())
+        assert "trunk" not in plain.stats.passes
+
+
+def test_sampled_self_sd_has_the_targets_distribution(model_sets, tokenizer):
+    models = model_sets("llama")
+    ids = tokenizer("def parse(self, text):\n")["input_ids"]
+    dist = exact_two_token_distribution(models, ids)
+    counts = sample_counts(models, ids, "self_sd")
+    assert p_value(counts, dist) > ALPHA
+
+
+def test_self_sd_needs_a_slim_not_a_draft(model_sets, tokenizer):
+    from viasd.errors import PolicyError
+
+    models = model_sets("llama")
+    ids = tokenizer(PROMPTS[0])["input_ids"]
+    policy = DecodePolicy(method="self_sd", gamma=3, max_new_tokens=4, eos_token_ids=())
+    assert not policy.needs_draft and policy.needs_slim and policy.lossless
+    with pytest.raises(PolicyError, match="slim verifier"):
+        decode(ids, policy, models.target, models.vocab_size)
+    assert decode(ids, policy, models.target, models.vocab_size, draft=None,
+                  slims=models.slims).stats.passes.get("draft") is None
+    assert math.isfinite(policy.tau_accept)
+
+
+def test_generate_self_sd_from_the_command_line_without_a_draft(pair_dirs, capsys):
+    from viasd.cli import main
+
+    target, _ = pair_dirs("llama")
+    args = ["generate", "--target", str(target), "--max-new-tokens", "8", "--prompt", "def f(x):", "--json",
+            "--device", "cpu"]
+    assert main([*args, "--method", "self_sd", "--keep-layers", "0,1", "--gamma", "3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["token_ids"]) == 8 and out["policy"]["method"] == "self_sd"
+    assert main([*args, "--method", "ar"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == out["token_ids"]
