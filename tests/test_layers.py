@@ -170,3 +170,25 @@ def test_the_report_front_page_names_the_rules_and_every_report_output_has_a_cap
             assert (f.parent / caption.group(1)).resolve().is_file(), caption.group(1)
             calls += 1
     assert calls >= 6
+
+
+def test_an_old_module_path_still_imports_with_a_deprecation_warning():
+    """Modules moved by the layout keep working from their old paths for now, saying where they went."""
+    import importlib
+    import sys
+    import warnings
+
+    import viasd
+
+    for old, new in viasd.MOVED_MODULES.items():
+        sys.modules.pop(old, None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module = importlib.import_module(old)
+        assert module is importlib.import_module(new)
+        assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught), old
+        sys.modules.pop(old, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from viasd.evaluation import task_quality
+    assert task_quality is importlib.import_module("viasd.evaluation.side_by_side").task_quality and caught
