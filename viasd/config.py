@@ -237,6 +237,7 @@ class DecodeParams:
     cascade_alpha: float = 0.1       # spec_cascade.alpha
     max_lag: int = 0
     gate: float = 0.0
+    draft_stop: float = 0.0          # dynamic draft length: stop drafting below this probability (0 = off)
     verify_lagged: bool = True
     reuse: bool = False
     cache: str = "inplace"           # decoding.policy.DEFAULT_CACHE (tests/test_config.py checks they agree)

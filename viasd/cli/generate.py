@@ -28,7 +28,7 @@ SAMPLING = ("temperature", "top_k", "top_p")
 # the policy options: absent ones keep DecodePolicy's defaults, or with --pair the cell's policy
 POLICY_FLAGS = ("gamma", *SAMPLING, "seed", "max_new_tokens", "tau_accept", "tau_slim", "score", "confidence",
                 "max_lag", "gate", "verify_lagged", "verify_block", "router", "oracle_budget", "cache", "reuse",
-                "compile", "rule", "alpha", "gamma_slim", "generation_config")
+                "compile", "rule", "alpha", "gamma_slim", "draft_stop", "generation_config")
 
 
 def _float(text: str) -> float:
@@ -106,6 +106,9 @@ def _add_policy(p) -> None:
     d.add_argument("--score", choices=sorted(SCORES), help="tier-1 score" + _default("score"))
     d.add_argument("--confidence", choices=sorted(CONFIDENCES), help="tier-2 confidence" + _default("confidence"))
     d.add_argument("--max-lag", type=int, help="force a full-model catch-up above this lag (0 = never)")
+    d.add_argument("--draft-stop", type=float, metavar="P",
+                   help="dynamic draft length: a block's drafting stops after a token the drafter gave a probability "
+                        "below P (0 = off, the default: always --gamma tokens)")
     d.add_argument("--gate", type=float,
                    help="viasd tier 0: a block whose draft gives one of its tokens p < GATE goes straight to the full "
                         "model (0 = off, the default)")

@@ -26,7 +26,7 @@ from .policy import DecodePolicy
 from .processors import build, resolve
 from .reuse import ExitRunner, RestRunner, TrunkRunner, shared_prefix
 from .runner import ModelRunner
-from .sampling import Sampler
+from .sampling import Sampler, unsure
 from .seq2seq import decoder_start_id, encode, is_encoder_decoder, text_config
 from .slim import SlimVerifier
 from .stats import DecodeStats
@@ -201,7 +201,8 @@ class DecodeSession:
     def draft_tokens(self, g: int, start: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft `g` tokens autoregressively at positions `start..start+g-1` (default: the end).
 
-        Returns `x`: LongTensor `[g]` (also written into `ids`) and the draft's logits `[g, V]`.
+        Returns `x`: LongTensor `[k]` (also written into `ids`) and the draft's logits `[k, V]`, `k = g` or, with
+        `policy.draft_stop`, fewer: drafting stops after a token the draft was unsure of (`sampling.unsure`).
         The draft's first pass catches up every token it has not seen, in parallel.
         """
         if self.text_draft is not None:
@@ -210,9 +211,11 @@ class DecodeSession:
         rows = []
         for k in range(g):
             logits = self.draft.forward(self.ids, start + k, 1)[0]
-            self.ids[0, start + k] = self.sampler.pick(logits)
+            token = self.ids[0, start + k] = self.sampler.pick(logits)
             rows.append(logits)
-        return self.ids[0, start : start + g].clone(), torch.stack(rows)
+            if unsure(self.sampler, logits, token, self.policy.draft_stop):
+                break
+        return self.ids[0, start : start + len(rows)].clone(), torch.stack(rows)
 
     def _text_draft_tokens(self, g: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Up to `g` proposals of a draft with another tokenizer, carried through text (`text_draft.py`):

@@ -47,6 +47,9 @@ class DecodePolicy:
     `tau_slim`) or `oracle` (greedy only: the target's own greedy token, from a peek pass that is counted
     apart, decides; the ceiling a router can reach), with `oracle_budget` the share of output tokens the
     oracle may settle although they are wrong (spent as it goes; 0 = fidelity 1).
+    `draft_stop` (dynamic draft length, every drafting method): a block's drafting stops after a token the
+    drafter gave a probability below `draft_stop` (its own distribution, as it drew the token), so `gamma` is
+    the most a block drafts (0 = off: always `gamma`).
     `spec_cascade`: `rule`, `alpha`. `cascade_sd`: `gamma_slim`, the
     number of slim-level tokens collected before the full model verifies (default `2 * gamma`).
     `cache` (`CACHE_KINDS`, see `kv_cache`): `inplace` (buffers for prompt + max_new_tokens + gamma + 1
@@ -81,6 +84,7 @@ class DecodePolicy:
     rule: str = "opt"
     alpha: float = 0.1
     gamma_slim: int | None = None
+    draft_stop: float = 0.0
     exact_timing: bool = True
     cache: str = DEFAULT_CACHE
     compile: bool = False
@@ -134,6 +138,8 @@ class DecodePolicy:
             raise PolicyError(f"generation_config must be true or false, got {self.generation_config!r}")
         if isinstance(self.generation, dict):
             object.__setattr__(self, "generation", ProcessorSettings.parse(self.generation))
+        if not 0 <= self.draft_stop <= 1:
+            raise PolicyError(f"draft_stop must be a probability in [0, 1] (0 = off), got {self.draft_stop}")
         if self.gamma_slim is not None and self.gamma_slim < 1:
             raise PolicyError(f"gamma_slim must be a positive integer, got {self.gamma_slim}")
         taus = self.tau_accept if isinstance(self.tau_accept, (list, tuple)) else (self.tau_accept,)

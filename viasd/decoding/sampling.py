@@ -90,3 +90,10 @@ def residual(q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     diff = (q - p).clamp_min(0)
     total = diff.sum(dim=-1, keepdim=True)
     return torch.where(total > 0, diff / total.clamp_min(torch.finfo(diff.dtype).tiny), q)
+
+
+def unsure(sampler: Sampler, logits: torch.Tensor, token: torch.Tensor, threshold: float) -> bool:
+    """Dynamic draft length: the drafter gave its own `token` (drawn from `logits` `[V]`) a probability below
+    `threshold`, so drafting stops after it (`DecodePolicy.draft_stop`; 0 never stops). The decision reads the
+    drafter's distribution only, never the verifier's, so the speculative test stays exact."""
+    return threshold > 0 and float(sampler.probs(logits)[token]) < threshold

@@ -120,6 +120,7 @@ def run_policy(params: Params, pair: str, task: str, run: str | RunSpec) -> Deco
     d = params.decode
     fields = {"method": spec.method, "gamma": d.gamma, "gamma_slim": d.gamma_slim, "rule": d.cascade_rule,
               "alpha": d.cascade_alpha, "max_lag": d.max_lag, "gate": d.gate, "verify_lagged": d.verify_lagged,
+              "draft_stop": d.draft_stop,
               "seed": params.seed, **engine_options(params), "max_new_tokens": params.max_new_tokens(task)}
     if spec.method == "viasd":
         fields.update(tuned_settings(params, pair, task, threshold_slim(params, spec)))

@@ -28,6 +28,7 @@ def block(s: Session, state: None) -> None:
     while m < want:
         g = max(1, min(pol.gamma, want - m))
         x, p_logits = s.draft_tokens(g, start=start + m)
+        g = len(x)  # fewer with a dynamic draft length (draft_stop)
         p = None if s.sampler.greedy else s.sampler.probs(p_logits)
         qs_logits = slim.forward(s.ids, start + m + g, g + 1)
         n, token = lossless(x, p, qs_logits, s.sampler)

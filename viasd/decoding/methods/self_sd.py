@@ -17,18 +17,22 @@ from __future__ import annotations
 import torch
 
 from ..acceptance import lossless
+from ..sampling import unsure
 from .base import Method, Session
 
 
 def draft_with_slim(s: Session, g: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`g` tokens drafted by the smallest slim at positions `length..length+g-1`: tokens `[g]` (written into
-    `ids`) and the slim's logits `[g, V]`; its first pass catches up every token it has not seen."""
+    """Up to `g` tokens drafted by the smallest slim at positions `length..`: tokens `[k]` (written into `ids`)
+    and the slim's logits `[k, V]`, `k < g` when `policy.draft_stop` ends the block early
+    (`sampling.unsure`); its first pass catches up every token it has not seen."""
     slim, start, rows = s.slims[0], s.length, []
     for k in range(g):
         logits = slim.forward(s.ids, start + k, 1)[0]
-        s.ids[0, start + k] = s.sampler.pick(logits)
+        token = s.ids[0, start + k] = s.sampler.pick(logits)
         rows.append(logits)
-    return s.ids[0, start : start + g].clone(), torch.stack(rows)
+        if unsure(s.sampler, logits, token, s.policy.draft_stop):
+            break
+    return s.ids[0, start : start + len(rows)].clone(), torch.stack(rows)
 
 
 def block(s: Session, state: None) -> None:

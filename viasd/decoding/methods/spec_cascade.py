@@ -67,8 +67,8 @@ def cascade_target(rule: str, alpha: float, p: torch.Tensor, q: torch.Tensor) ->
 
 def block(s: Session, state: None) -> None:
     pol = s.policy
-    g = s.block_size()
-    x, p_logits = s.draft_tokens(g)
+    x, p_logits = s.draft_tokens(s.block_size())
+    g = len(x)  # fewer with a dynamic draft length (draft_stop)
     q_logits = s.target.forward(s.ids, s.length + g, g + 1)
     p = s.sampler.probs(p_logits)
     q = s.sampler.probs(q_logits)
