@@ -40,7 +40,7 @@ def test_runs_parse(text, method, ablation, mask, gamma):
 
 @pytest.mark.parametrize("text, message", [
     ("beam", "unknown method 'beam'"),
-    ("sd-mask_random", "only cascade_sd and viasd have"),
+    ("sd-mask_random", "only cascade_sd, self_sd and viasd have"),
     ("cascade_sd-no_tier2", "no_tier2 is a VIA-SD ablation"),
     ("cascade_sd-oracle", "oracle is a VIA-SD ablation"),
     ("ar-gamma_3", "ar has no draft block length"),
@@ -181,5 +181,5 @@ def test_prefix_ablation_is_its_own_dimr_search(tmp_path):
     assert mask_file(params, "smoke", spec).name == "prefix-2.json"
     assert slim_name(params, parse_run("viasd-prefix_0")) == "main"  # dimr.keep_prefix is 0: the main search
     assert slims_to_tune(params) == ["main", "prefix_1", "prefix_2", "cost_target"]
-    with pytest.raises(ValueError, match="only cascade_sd and viasd have"):
+    with pytest.raises(ValueError, match="only cascade_sd, self_sd and viasd have"):
         parse_run("sd-prefix_2")

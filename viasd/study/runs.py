@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from ..decoding.policy import METHODS
 
-ROUTED = ("cascade_sd", "viasd")  # methods with a slim verifier
+ROUTED = ("cascade_sd", "self_sd", "viasd")  # methods with a slim verifier (self_sd: the slim drafts)
 VIASD_ONLY = ("no_tier2", "rules", "oracle", "oracle_budget")  # ablations of VIA-SD's tier decisions
 # ablations that put another slim verifier in the DIMR mask's place (see study/slims.py)
 SLIM_ABLATIONS = ("mask_random", "mask_truncate", "mask_every_other", "cost_path", "cost_target", "independent")
@@ -83,7 +83,7 @@ def parse_run(text: str) -> RunSpec:
     if ablation in SLIM_ABLATIONS or spec.prefix is not None:
         if method not in ROUTED:
             raise ValueError(f"{text!r}: {ablation} changes the slim verifier, which only "
-                             f"{' and '.join(ROUTED)} have")
+                             f"{', '.join(ROUTED[:-1])} and {ROUTED[-1]} have")
         return spec
     if ablation in VIASD_ONLY:
         if method != "viasd":

@@ -106,7 +106,7 @@ def load_runs_models(params: Params, pair: Pair, runs: dict[str, tuple[RunSpec, 
             read_json(mask, "the routing mask")  # a missing mask names the stage that writes it
         if spec.routed and spec.ablation == "independent" and not pair.independent:
             raise StudyInputError(f"pair {pair.name} has no independent model (models.hub_pairs.{pair.name}.independent)")
-    needs_draft = any(spec.method != "ar" for spec, _ in runs.values())
+    needs_draft = any(spec.method not in ("ar", "self_sd") for spec, _ in runs.values())
     device = device or params.device
     base = load_models(pair.target, draft=pair.draft if needs_draft else None, device=device, dtype=pair.dtype,
                        trust_remote_code=pair.trust_remote_code)
