@@ -88,3 +88,24 @@ def test_generate_self_sd_from_the_command_line_without_a_draft(pair_dirs, capsy
     assert len(out["token_ids"]) == 8 and out["policy"]["method"] == "self_sd"
     assert main([*args, "--method", "ar"]) == 0
     assert json.loads(capsys.readouterr().out)["token_ids"] == out["token_ids"]
+
+
+def test_bench_sets_self_sd_beside_transformers_early_exit(pair_dirs, tokenizer):
+    """`viasd bench` on a target whose slim keeps a prefix: transformers' self-speculation (`assistant_early_exit`
+    at the prefix's length) and ours write `ar`'s tokens (the bench refuses to time otherwise), and their ratio is
+    reported; a slim that is not a prefix is refused for `hf_early_exit` with one clear error."""
+    from viasd import load_models
+    from viasd.bench.timing import BenchError, early_exit_layers, method_table, run_benchmark
+
+    target, _ = pair_dirs("llama")
+    models = load_models(target, masks=[[0, 1]], device="cpu", dtype="float32")
+    assert early_exit_layers(models) == 2
+    prompts = [tokenizer(p)["input_ids"] for p in PROMPTS[:2]]
+    names = ["hf_ar", "hf_early_exit", "ar", "self_sd"]
+    res = run_benchmark(models, prompts, method_table(models, names, 3, 8), 8, repeats=1, progress=False)
+    assert set(res["methods"]) == set(names) and res["ratios"]["self_sd_vs_hf_early_exit"] > 0
+    assert res["methods"]["self_sd"]["quality"]["fidelity"] == 1.0
+    with pytest.raises(BenchError, match="prefix"):
+        method_table(load_models(target, masks=[[0, 2]], device="cpu", dtype="float32"), ["hf_early_exit"], 3, 8)
+    with pytest.raises(BenchError, match="need a draft model"):
+        method_table(models, ["sd"], 3, 8)
