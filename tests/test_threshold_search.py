@@ -352,3 +352,31 @@ def test_the_choice_is_confirmed_on_held_out_dev_prompts(study, tmp_path):
                     key=lambda t: (t["cost_per_token"], t["number"]))
     assert len(ranked) >= 2 and [c["number"] for c in out["confirm"]] == [t["number"] for t in ranked[:2]]
     assert all(not c["feasible"] and c["violations"]["agreement"] > 0 for c in out["confirm"])
+
+
+def test_a_self_sd_run_decodes_at_its_own_best_gamma_on_dev(study, tmp_path):
+    """With a `self_sd` run in the grid, the DIMR slim's search also decodes self-speculation at every searched
+    gamma on the dev prompts (lossless: fidelity 1) and names its cheapest (`self_sd_best`); the search itself is
+    the same study, resumed (the same choice), and the run's policy takes that gamma, as `sd` takes SD's."""
+    import shutil
+
+    from viasd.decoding.policy import TUNED_FIELDS
+    from viasd.study.cells import run_policy
+
+    _, params = study
+    run_dimr_stage(params, progress=False)
+    run_router_stage(params, progress=False)
+    before = run_thresholds_stage(params, progress=False, slims=["rules", "main"])["main"]
+    assert "self_sd_best" not in before
+    models = tmp_path / "models"  # a copy: the session's study keeps its own thresholds files
+    shutil.copytree(params.models_dir, models)
+    with_self = config.load(smoke_params(tmp_path, {"data": {"dir": str(params.data.dir)}, "models": {"dir": str(models)},
+                                                    "study": {"runs": [*params.study.runs, "self_sd"]}}))
+    after = run_thresholds_stage(with_self, progress=False, slims=["rules", "main"])["main"]
+    assert not after.get("up_to_date") and after["signature"]["self_sd_best"] is True
+    best = after["self_sd_best"]
+    assert best["gamma"] in with_self.thresholds.search["gamma"] and best["fidelity"] == 1.0
+    assert {k: after.get(k) for k in TUNED_FIELDS} == {k: before.get(k) for k in TUNED_FIELDS}
+    policy = run_policy(with_self, "smoke", "stdlib_continuation", "self_sd")
+    assert policy.method == "self_sd" and policy.gamma == best["gamma"]
+    assert run_policy(with_self, "smoke", "stdlib_continuation", "sd").gamma == after["sd_best"]["gamma"]

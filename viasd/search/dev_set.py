@@ -120,8 +120,10 @@ class DevSet:
         self.pass_cost = fit_pass_costs(runs)
         return self.pass_cost
 
-    def evaluate(self, policy: DecodePolicy, min_fidelity: float | None = None) -> dict:
+    def evaluate(self, policy: DecodePolicy, min_fidelity: float | None = None, modelled: bool = True) -> dict:
         """Decode every dev prompt with `policy`: cost (model and wall) and the three quality measures.
+        `modelled=False`: the wall times alone (`cost_per_token` None), for a method whose passes the cost model
+        has not priced.
 
         With `min_fidelity`, stop as soon as the policy cannot reach it whatever the remaining prompts
         give: after prompts 1..k with m of n tokens equal to the target's greedy choice, the best the
@@ -152,11 +154,11 @@ class DevSet:
         texts = [r.text for r in results]
         score = None if pruned else self.task_score(texts)
         keys = stats.layouts()
-        missing = missing_layouts(stats, self.pass_cost)
+        missing = missing_layouts(stats, self.pass_cost) if modelled else None
         if missing:
             raise ViasdError(f"no measured per-pass cost for runner layout(s) {sorted(missing)} (have {sorted(self.pass_cost)})")
         widths = widths_per_token(stats)
-        modeled = cost_per_token(widths, self.pass_cost)
+        modeled = cost_per_token(widths, self.pass_cost) if modelled else None
         # wall time per token, and without the prefill as the model prices it (`search.wall_calibration`)
         return {"cost_per_token": modeled, "wall_per_token": stats.wall_time_s / tokens,
                 "decode_wall_per_token": decode_seconds(stats) / tokens,

@@ -182,6 +182,20 @@ def oracle_points(dev: DevSet, cfg: ThresholdConfig) -> list[dict]:
     return points
 
 
+def self_sd_points(dev: DevSet, cfg: ThresholdConfig) -> list[dict]:
+    """Self-speculation (`self_sd`: the slim drafts, the full model verifies) at every searched gamma on the dev
+    split, so that a `self_sd` run of the study decodes at its own fastest gamma, as SD does. Lossless: each
+    point has fidelity 1 in greedy decoding. Its points carry measured wall times only: the cost model's probes
+    decode SD and VIA-SD, whose decode loops are priced, not self-speculation's, so these points are ranked by
+    their prefill-free wall time per token (`decode_wall_per_token`)."""
+    points = []
+    for gamma in cfg.gamma:
+        policy = replace(dev.base, method="self_sd", gamma=gamma)
+        points.append(_point(policy, dev.evaluate(policy, modelled=False), cfg, number=None, tiers_off=False,
+                             self_sd=True))
+    return points
+
+
 def budgeted_oracle_point(dev: DevSet, cfg: ThresholdConfig, gamma: int) -> dict | None:
     """The budgeted oracle at the fidelity floor (`oracle_budget` = 1 - `quality.min_fidelity`) at `gamma` on
     the dev split: the ceiling of a router that spends the same fidelity the tuned policy may spend (the plain

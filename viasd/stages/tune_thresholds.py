@@ -37,6 +37,7 @@ from ..search.thresholds import (
     budgeted_oracle_point,
     oracle_points,
     searched_space,
+    self_sd_points,
     tune_thresholds,
 )
 from ..search.wall_factors import calibrated
@@ -256,6 +257,15 @@ def _prompts_digest(examples: list) -> str:
     return hashlib.sha256(json.dumps([[e.id, e.prompt] for e in examples]).encode()).hexdigest()
 
 
+def wants_self_sd_best(params: Params) -> bool:
+    """A `self_sd` run of the study decodes at its own best gamma on dev (`decode.sd_gamma: best`), which the DIMR
+    slim's threshold search then measures."""
+    from ..study.runs import parse_run
+
+    return params.decode.sd_gamma == "best" and any(
+        parse_run(r).method == "self_sd" and parse_run(r).gamma is None for r in params.study.runs)
+
+
 def search_signature(params: Params, pair: str, task: str, slim: str, cfg: ThresholdConfig,
                      pass_cost: dict[str, PassCost] | None, router_file, candidates: list[dict],
                      searched: list, held_out: list) -> dict:
@@ -270,6 +280,8 @@ def search_signature(params: Params, pair: str, task: str, slim: str, cfg: Thres
         signature["pass_cost_model"] = costs_to_json(pass_cost)
     if router_file is not None:  # a refitted router is a new search
         signature["router"] = hashlib.sha256(router_file.read_bytes()).hexdigest() if router_file.exists() else None
+    if slim == "main" and wants_self_sd_best(params):  # the file then carries self_sd's best gamma too
+        signature["self_sd_best"] = True
     if candidates:  # another search's trials compete in the choice: the result depends on them too
         signature["candidates"] = hashlib.sha256(json.dumps(candidates, sort_keys=True).encode()).hexdigest()
     return json.loads(json.dumps(signature))
@@ -359,7 +371,8 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     # the study is named by what its trials depend on: not the fields that only select among them (CHOICE_FIELDS),
     # the candidates of another search (they compete in the choice, not in the search) or the held-out prompts
     # (they only check the choice); a change of those re-selects from the same, resumed study
-    searched = {**{k: v for k, v in signature.items() if k not in ("candidates", "confirm_prompts", "held_out")},
+    searched = {**{k: v for k, v in signature.items()
+                   if k not in ("candidates", "confirm_prompts", "held_out", "self_sd_best")},
                 "config": {k: v for k, v in signature["config"].items() if k not in CHOICE_FIELDS}}
     storage = optuna_storage(params.study.optuna_storage, paths["storage"], params.models_dir.parent,
                              params.search_heartbeat(params.thresholds.workers))
@@ -382,6 +395,10 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     at_floor = at_floor and calibrated(at_floor, factors)
     result = {**result_json(out, cfg, oracle, signature, at_floor), "task": task, "pair": pair.name, "slim": slim,
               "confirm": {"prompts": len(held_out), "checks": out["confirm"]}}
+    if signature.get("self_sd_best"):  # self_sd's own fastest gamma on these dev prompts, by measured wall time
+        best_self = min(self_sd_points(dev, cfg), key=lambda t: t["decode_wall_per_token"])
+        result["self_sd_best"] = {k: best_self.get(k) for k in ("gamma", "decode_wall_per_token", "wall_per_token",
+                                                                 "rejection_rate", "acceptance_rate", "fidelity")}
     if best["tiers_off"]:
         log.info("thresholds %s: tiers off (plain SD at gamma %d) is the cheapest policy that meets %s",
                  paths["json"], best["gamma"], cfg.quality.describe())

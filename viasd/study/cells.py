@@ -39,7 +39,7 @@ def search_base(params: Params, task: str) -> DecodePolicy:
                         stop_strings=tuple(get_task(task).stop_strings), **engine_options(params))
 
 
-LOSSLESS_BASELINES = ("sd", "cascade_sd")  # decoded at SD's own best gamma (`decode.sd_gamma: best`)
+LOSSLESS_BASELINES = ("sd", "cascade_sd", "self_sd")  # decoded at their own best gamma (`decode.sd_gamma: best`)
 
 
 def takes_sd_best(params: Params, spec: RunSpec) -> bool:
@@ -64,17 +64,19 @@ def run_inputs(params: Params, pair: str, task: str, run: str | RunSpec) -> dict
     return inputs
 
 
-def sd_best_gamma(params: Params, pair: str, task: str) -> int:
-    """The gamma at which SD was cheapest on the task's dev prompts (the DIMR slim's threshold search, which
-    decodes SD at every `thresholds.gamma`): one clear error before that search has run."""
+def sd_best_gamma(params: Params, pair: str, task: str, method: str = "sd") -> int:
+    """The gamma at which SD (`sd`, `cascade_sd`: the draft's SD) or self-speculation (`self_sd`) was cheapest on
+    the task's dev prompts (the DIMR slim's threshold search, which decodes them at every `thresholds.gamma`): one
+    clear error before that search has run."""
     path = threshold_paths(params, task, pair, "main")["json"]
     if not path.exists():
-        raise ConfigError(f"sd and cascade_sd decode at SD's best gamma on dev, which the threshold search finds: no "
+        raise ConfigError(f"{method} decodes at its best gamma on dev, which the threshold search finds: no "
                           f"{path} yet (run `viasd tune-thresholds --pair {pair} --task {task}`), or set "
                           "decode.sd_gamma to a number")
-    best = read_json(path, "the tuned thresholds").get("sd_best")
+    key = "self_sd_best" if method == "self_sd" else "sd_best"
+    best = read_json(path, "the tuned thresholds").get(key)
     if best is None:
-        raise ConfigError(f"{path} names no sd_best gamma (written by an older version): run `viasd tune-thresholds "
+        raise ConfigError(f"{path} names no {key} gamma (the search ran without it): run `viasd tune-thresholds "
                           f"--pair {pair} --task {task}` again, or set decode.sd_gamma to a number")
     return int(best["gamma"])
 
@@ -125,7 +127,8 @@ def run_policy(params: Params, pair: str, task: str, run: str | RunSpec) -> Deco
     if spec.method == "viasd":
         fields.update(tuned_settings(params, pair, task, threshold_slim(params, spec)))
     elif spec.method in LOSSLESS_BASELINES and spec.gamma is None:
-        fields["gamma"] = sd_best_gamma(params, pair, task) if takes_sd_best(params, spec) else int(d.sd_gamma)
+        fields["gamma"] = sd_best_gamma(params, pair, task, spec.method) if takes_sd_best(params, spec) \
+            else int(d.sd_gamma)
     if spec.ablation == "no_tier2":
         fields["tau_slim"] = math.inf
     if spec.ablation == "oracle":  # the tuned gamma and engine; the oracle decides every tier (none is off)
