@@ -80,7 +80,7 @@ def test_policy_and_inputs_of_each_run(tmp_path):
     assert "mask" not in run_inputs(params, "smoke", "humaneval", "viasd-independent")
 
     # sd at its own best gamma on dev, which the search's file names; one clear error before it has run
-    with pytest.raises(config.ConfigError, match="sd and cascade_sd decode at SD's best gamma on dev"):
+    with pytest.raises(config.ConfigError, match="sd decodes at its best gamma on dev"):
         run_policy(params, "smoke", "stdlib_continuation", "sd")
     assert run_policy(params, "smoke", "stdlib_continuation", "sd-gamma_4").gamma == 4
     fixed = replace(params, decode=replace(params.decode, sd_gamma=3))
