@@ -57,7 +57,7 @@ def _train_model(args) -> int:
 
     params = load_params(args)
     live = live_metric(args, "train_loss", every=10)  # the loss while training runs, in the stage's open run
-    _, report, record = run_train_model(params, args.role, on_step=live, live=live is not None)
+    _, report, record = run_train_model(params, args.role, on_step=live)
     track(args, params, record)
     print(json.dumps({k: report[k] for k in ("role", "parameters", "steps", "train_seconds", "test_nll",
                                              "test_perplexity")}))

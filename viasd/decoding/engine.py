@@ -198,19 +198,22 @@ class DecodeSession:
         """Draft tokens for the next block: `gamma`, fewer near `max_new_tokens`, never 0."""
         return max(1, min(self.policy.gamma, self.remaining, limit or self.policy.gamma))
 
-    def draft_tokens(self, g: int, start: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draft `g` tokens autoregressively at positions `start..start+g-1` (default: the end).
+    def draft_tokens(self, g: int, start: int | None = None,
+                     drafter: ModelRunner | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft `g` tokens autoregressively at positions `start..start+g-1` (default: the end) with `drafter`
+        (default: the draft; `self_sd` passes its slim).
 
         Returns `x`: LongTensor `[k]` (also written into `ids`) and the draft's logits `[k, V]`, `k = g` or, with
         `policy.draft_stop`, fewer: drafting stops after a token the draft was unsure of (`sampling.unsure`).
-        The draft's first pass catches up every token it has not seen, in parallel.
+        The drafter's first pass catches up every token it has not seen, in parallel.
         """
-        if self.text_draft is not None:
+        if self.text_draft is not None and drafter is None:
             return self._text_draft_tokens(g)
         start = self.length if start is None else start
+        drafter = drafter or self.draft
         rows = []
         for k in range(g):
-            logits = self.draft.forward(self.ids, start + k, 1)[0]
+            logits = drafter.forward(self.ids, start + k, 1)[0]
             token = self.ids[0, start + k] = self.sampler.pick(logits)
             rows.append(logits)
             if unsure(self.sampler, logits, token, self.policy.draft_stop):

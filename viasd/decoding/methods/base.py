@@ -75,8 +75,10 @@ class Session(Protocol):
     def block_size(self, limit: int | None = None) -> int:
         """Draft tokens for the next block: `gamma`, fewer near `max_new_tokens`, never 0."""
 
-    def draft_tokens(self, g: int, start: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draft `g` tokens at `start..` (default: the end): tokens `[g]` (written into `ids`), logits `[g, V]`."""
+    def draft_tokens(self, g: int, start: int | None = None,
+                     drafter: ModelRunner | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft up to `g` tokens at `start..` (default: the end) with `drafter` (default: the draft): tokens `[k]`
+        (written into `ids`), logits `[k, V]`; `k < g` with a draft of another tokenizer or `policy.draft_stop`."""
 
     def commit(self, n_keep: int, token: torch.Tensor | int) -> None:
         """Keep the first `n_keep` block tokens, append `token`, roll every cache back, apply the stop rules."""

@@ -7,8 +7,13 @@ from .base import Method, Session
 
 
 def block(s: Session, state: None) -> None:
-    x, p_logits = s.draft_tokens(s.block_size())
-    g = len(x)  # a draft with another tokenizer may propose fewer (text_draft.py), even none
+    verify(s, *s.draft_tokens(s.block_size()))
+
+
+def verify(s: Session, x, p_logits) -> None:
+    """The full model settles a drafted block `x` `[g]` (drafter logits `[g, V]`) by the lossless test and commits.
+    `g` may be under `gamma`: a draft with another tokenizer or a dynamic draft length proposes fewer, even none."""
+    g = len(x)
     p = None if s.sampler.greedy else s.sampler.probs(p_logits)
     q_logits = s.target.forward(s.ids, s.length + g, g + 1)  # rows: q_1..q_g, q_{g+1}
     n, token = lossless(x, p, q_logits, s.sampler)

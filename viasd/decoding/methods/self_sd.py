@@ -14,37 +14,12 @@ draft's work. No separate draft model is loaded.
 
 from __future__ import annotations
 
-import torch
-
-from ..acceptance import lossless
-from ..sampling import unsure
+from . import sd
 from .base import Method, Session
 
 
-def draft_with_slim(s: Session, g: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Up to `g` tokens drafted by the smallest slim at positions `length..`: tokens `[k]` (written into `ids`)
-    and the slim's logits `[k, V]`, `k < g` when `policy.draft_stop` ends the block early
-    (`sampling.unsure`); its first pass catches up every token it has not seen."""
-    slim, start, rows = s.slims[0], s.length, []
-    for k in range(g):
-        logits = slim.forward(s.ids, start + k, 1)[0]
-        token = s.ids[0, start + k] = s.sampler.pick(logits)
-        rows.append(logits)
-        if unsure(s.sampler, logits, token, s.policy.draft_stop):
-            break
-    return s.ids[0, start : start + len(rows)].clone(), torch.stack(rows)
-
-
 def block(s: Session, state: None) -> None:
-    x, p_logits = draft_with_slim(s, s.block_size())
-    g = len(x)
-    p = None if s.sampler.greedy else s.sampler.probs(p_logits)
-    q_logits = s.target.forward(s.ids, s.length + g, g + 1)  # rows: q_1..q_g, q_{g+1}
-    n, token = lossless(x, p, q_logits, s.sampler)
-    s.stats.blocks += 1
-    s.stats.drafted += g
-    s.stats.record_full_verification(g, n)
-    s.commit(n, token)
+    sd.verify(s, *s.draft_tokens(s.block_size(), drafter=s.slims[0]))
 
 
 METHOD = Method("self_sd", block, shares_trunk=True)

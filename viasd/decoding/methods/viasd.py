@@ -84,20 +84,20 @@ class _Level:
     the target's greedy tokens `t` (accept iff `x_i = t_i`, regenerate iff `argmax q'_i = t_i`).
     """
 
-    def __init__(self, s: Session, st: ViasdState, k: int, x: torch.Tensor, p: torch.Tensor, g: int,
+    def __init__(self, s: Session, state: ViasdState, k: int, x: torch.Tensor, p: torch.Tensor, g: int,
                  t: torch.Tensor | None):
-        tau_accept, tau_slim = st.thresholds[k]
+        tau_accept, tau_slim = state.thresholds[k]
         self.logits = s.slims[k].forward(s.ids, s.length + g, g + 1)  # rows q'_1..q'_g, q'_{g+1}
         self.q = s.sampler.probs(self.logits)
         router = s.policy.router
         if router == "oracle":
             slim_choice = self.logits.argmax(-1)
             accept, confident = x == t[:g], slim_choice == t
-            if st.router_rows is not None and k == 0:
-                st.router_rows.add(position_features(p, self.q, x), router_hidden(s, g), x, slim_choice, t)
+            if state.router_rows is not None and k == 0:
+                state.router_rows.add(position_features(p, self.q, x), router_hidden(s, g), x, slim_choice, t)
         elif router == "learned":
             start = time.perf_counter()
-            p_draft, p_slim = st.router.probabilities(position_features(p, self.q, x), router_hidden(s, g))
+            p_draft, p_slim = state.router.probabilities(position_features(p, self.q, x), router_hidden(s, g))
             accept, confident = p_draft >= tau_accept, p_slim >= tau_slim
             self.accept, self.confident = accept.tolist(), confident.tolist()  # host sync inside the timing
             s.stats.router_time_s += time.perf_counter() - start
