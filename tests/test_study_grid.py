@@ -94,12 +94,20 @@ def test_policy_and_inputs_of_each_run(tmp_path):
     path = run_inputs(params, "smoke", "stdlib_continuation", "viasd")["thresholds"]
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(tuned))
-    with pytest.raises(config.ConfigError, match="names no sd_best gamma"):
+    with pytest.raises(config.ConfigError, match="names no sd_best setting"):
         run_policy(params, "smoke", "stdlib_continuation", "sd")
     path.write_text(json.dumps({**tuned, "sd_best": {"gamma": 2}}))
     sd = run_policy(params, "smoke", "stdlib_continuation", "sd")
     assert (sd.method, sd.gamma) == ("sd", 2) and sd.max_new_tokens == params.tasks["stdlib_continuation"]["max_new_tokens"]
-    assert run_policy(params, "smoke", "stdlib_continuation", "cascade_sd").gamma == 2
+    # cascade_sd at its own gamma_slim on dev (decode.gamma_slim null): one clear error before the search named it
+    with pytest.raises(config.ConfigError, match="names no cascade_sd_best setting"):
+        run_policy(params, "smoke", "stdlib_continuation", "cascade_sd")
+    path.write_text(json.dumps({**tuned, "sd_best": {"gamma": 2}, "cascade_sd_best": {"gamma": 2, "gamma_slim": 6}}))
+    cascade = run_policy(params, "smoke", "stdlib_continuation", "cascade_sd")
+    assert (cascade.gamma, cascade.gamma_slim) == (2, 6)
+    set_slim = replace(params, decode=replace(params.decode, gamma_slim=4))
+    cascade = run_policy(set_slim, "smoke", "stdlib_continuation", "cascade_sd")
+    assert (cascade.gamma, cascade.gamma_slim) == (2, 4)
     assert run_policy(params, "smoke", "stdlib_continuation", "spec_cascade").gamma == 5  # lossy: decode.gamma
     viasd = run_policy(params, "smoke", "stdlib_continuation", "viasd")
     assert (viasd.gamma, viasd.tau_accept, viasd.tau_slim, viasd.score, viasd.confidence) == tuple(tuned.values())

@@ -368,6 +368,13 @@ def test_a_self_sd_run_decodes_at_its_own_best_gamma_on_dev(study, tmp_path):
     run_router_stage(params, progress=False)
     before = run_thresholds_stage(params, progress=False, slims=["rules", "main"])["main"]
     assert "self_sd_best" not in before
+    # the smoke grid has cascade_sd: its gamma_slim searched at SD's best gamma, the fastest taken by its run
+    cascade = before["cascade_sd_best"]
+    assert cascade["gamma"] == before["sd_best"]["gamma"] and cascade["fidelity"] == 1.0
+    assert sorted(map(int, cascade["searched"])) == [k * cascade["gamma"] for k in (1, 2, 3)]
+    assert cascade["decode_wall_per_token"] == min(cascade["searched"].values())
+    policy = run_policy(params, "smoke", "stdlib_continuation", "cascade_sd")
+    assert (policy.gamma, policy.gamma_slim) == (cascade["gamma"], cascade["gamma_slim"])
     models = tmp_path / "models"  # a copy: the session's study keeps its own thresholds files
     shutil.copytree(params.models_dir, models)
     with_self = config.load(smoke_params(tmp_path, {"data": {"dir": str(params.data.dir)}, "models": {"dir": str(models)},
@@ -380,3 +387,21 @@ def test_a_self_sd_run_decodes_at_its_own_best_gamma_on_dev(study, tmp_path):
     policy = run_policy(with_self, "smoke", "stdlib_continuation", "self_sd")
     assert policy.method == "self_sd" and policy.gamma == best["gamma"]
     assert run_policy(with_self, "smoke", "stdlib_continuation", "sd").gamma == after["sd_best"]["gamma"]
+
+
+def test_which_lossless_baselines_the_dev_search_measures(tmp_path):
+    """self_sd's gamma and cascade_sd's gamma_slim are searched on dev only for runs of the grid that take their
+    best setting (`decode.sd_gamma: best`, no gamma ablation; cascade_sd with `decode.gamma_slim: null`); a fixed
+    gamma_slim is decoded as set."""
+    from viasd.stages.tune_thresholds import wants_cascade_sd_best, wants_self_sd_best
+    from viasd.study.cells import best_key
+
+    def load(decode: dict, runs: list[str]):
+        return config.load(smoke_params(tmp_path, {"decode": decode, "study": {"runs": runs}}))
+
+    assert wants_cascade_sd_best(load({}, ["ar", "cascade_sd"])) and not wants_self_sd_best(load({}, ["cascade_sd"]))
+    assert not wants_cascade_sd_best(load({}, ["ar", "cascade_sd-gamma_4"]))
+    fixed = load({"gamma_slim": 4}, ["ar", "cascade_sd"])
+    assert not wants_cascade_sd_best(fixed) and best_key(fixed, "cascade_sd") == "sd_best"
+    assert not wants_cascade_sd_best(load({"sd_gamma": 3}, ["cascade_sd"]))
+    assert wants_self_sd_best(load({}, ["self_sd"])) and not wants_self_sd_best(load({"sd_gamma": 3}, ["self_sd"]))

@@ -96,6 +96,24 @@ def bench_gamma(params: Params, pair: str, task: str, gamma: int | None) -> tupl
     return int(params.decode.sd_gamma), "decode.sd_gamma"
 
 
+def baseline_settings(params: Params, pair: str, task: str) -> dict[str, dict]:
+    """self_sd's and cascade_sd's own best settings on dev, where the DIMR slim's threshold search measured them
+    (the study's grid has those runs): {method: DecodePolicy fields}. A baseline the search did not measure runs at
+    SD's best gamma, as `sd` (logged)."""
+    from ..io import read_json
+    from ..study.cells import best_key, best_settings
+
+    found = read_json(threshold_paths(params, task, pair, "main")["json"], "the tuned thresholds")
+    out = {}
+    for method in ("self_sd", "cascade_sd"):
+        if best_key(params, method) in found:
+            out[method] = best_settings(params, pair, task, method)
+        else:
+            log.info("%s runs at SD's best gamma: the threshold search did not measure its own (no %s run in "
+                     "study.runs)", method, method)
+    return out
+
+
 def bench_groups(params: Params, task: str, n: int) -> list[str]:
     """The source-file group of each of the first `n` test prompts (the speed intervals' clusters)."""
     from ..tasks import get_task, load_examples
@@ -146,14 +164,15 @@ def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: l
     methods = [m for m in methods if m != "viasd-rules" or rules.exists()]  # the rules' own search, when it ran
     variants = {"viasd-rules": tuned_settings(params, pair.name, task, "rules", required=False)} if rules.exists() else {}
     tuned = tuned_settings(params, pair.name, task, required=False)
+    own = baseline_settings(params, pair.name, task) if source == "SD's best on dev" else {}
     table = method_table(models, methods, gamma, max_new, tuned, cascade, engine, variants,
-                         floor_budget(fidelity_floor(params)))
+                         floor_budget(fidelity_floor(params)), own)
     references, metric = task_references(params, task, prompts, max_new)
     result = run_benchmark(models, bench_prompts(params, models, task, prompts), table, max_new, repeats, progress,
                            references, metric, bench_groups(params, task, prompts))
     weight = next(models.target.parameters())
     result.update({"pair": pair.name, "task": task, "prompts": prompts, "max_new_tokens": max_new, "gamma": gamma,
-                   "gamma_source": source,
+                   "gamma_source": source, "baseline_settings": {m: v for m, v in own.items() if m in methods},
                    "repeats": repeats, **engine, "device": str(weight.device), "dtype": str(weight.dtype), "slim_layers": (
                        list(models.slims[0].mask.keep_layers) if models.slims else None)})
     paths = bench_paths(params, pair.name, task, **engine, **run_setting(models))

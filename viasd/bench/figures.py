@@ -193,6 +193,8 @@ def markdown(result: dict, title: str) -> str:
                      f"{f(q.get('fidelity'))} | {differing(q)} | {f(q.get('task_score'), 2)} | {drop(q)} | "
                      f"{f(row['acceptance_rate'])} | {f(row['mean_accepted_length'])} | {f(fp.get('target'))} | "
                      f"{f(fp.get('slim'))} | {f(fp.get('draft'))} | {f(row['peak_memory_mb'], 0)} |")
+    for name, own in result.get("baseline_settings", {}).items():
+        lines.append(f"\n{name} runs at its own best setting on dev: " + ", ".join(f"{k} {v}" for k, v in own.items()))
     for tie in result.get("numerical_ties", []):
         lines.append(f"\n{tie['method']} parts from {tie['reference']} on prompt {tie['prompt']} at position "
                      f"{tie['position']}: a numerical tie (logit gap {tie['logit_gap']:.3g}, noise {tie['noise']:.3g})")

@@ -167,10 +167,12 @@ def hf_generate(models: ModelSet, max_new_tokens: int, assistant: bool, assistan
 
 def method_table(models: ModelSet, names: list[str], gamma: int, max_new_tokens: int, viasd: dict | None = None,
                  spec_cascade: dict | None = None, engine: dict | None = None,
-                 variants: dict[str, dict] | None = None, oracle_budget: float | None = None) -> list[BenchMethod]:
+                 variants: dict[str, dict] | None = None, oracle_budget: float | None = None,
+                 baselines: dict[str, dict] | None = None) -> list[BenchMethod]:
     """The benchmark's methods: ours with `gamma` (viasd with its tuned thresholds when given; `variants`:
     the settings of `VIASD_VARIANTS`, e.g. the rules' own tuned thresholds; `oracle_budget`: the budgeted
-    oracle's, `1 - ` the fidelity floor), and HF's."""
+    oracle's, `1 - ` the fidelity floor; `baselines`: a lossless baseline's own settings over `gamma`, e.g.
+    self_sd's and cascade_sd's best on dev), and HF's."""
     base = DecodePolicy(method="ar", gamma=gamma, max_new_tokens=max_new_tokens, eos_token_ids=(), exact_timing=True,
                         **(engine or {}))
     out = []
@@ -195,7 +197,7 @@ def method_table(models: ModelSet, names: list[str], gamma: int, max_new_tokens:
         elif name == "spec_cascade":
             out.append(BenchMethod(name, replace(base, method="spec_cascade", **(spec_cascade or {}))))
         elif name in METHODS:
-            out.append(BenchMethod(name, replace(base, method=name)))
+            out.append(BenchMethod(name, replace(base, method=name, **(baselines or {}).get(name, {}))))
         else:
             raise BenchError(f"unknown benchmark method {name!r}; choose from {', '.join(METHODS + VIASD_VARIANTS + HF)}")
     if any(m.name not in DRAFTLESS for m in out) and models.draft is None:

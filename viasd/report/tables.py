@@ -109,7 +109,10 @@ def table_rows(evals: list[dict], quality_keys: list[str]) -> list[dict]:
     for e in evals:
         vs_ar = (e.get("speed") or {}).get("vs_ar")
         row = {key: e.get(key) for key, _ in COLUMNS}
-        gamma = None if e.get("method") == "ar" else e.get("policy", {}).get("gamma")
+        policy = e.get("policy", {})
+        gamma = None if e.get("method") == "ar" else policy.get("gamma")
+        if e.get("method") == "cascade_sd" and gamma is not None:  # and its slim-level tokens per full pass
+            gamma = f"{gamma} / {policy.get('gamma_slim') or 2 * gamma}"
         row.update(gamma=gamma, vs_sd_best_text=describe(e.get("vs_sd_best")),
                    vs_ar_text=describe(vs_ar))
         for name, ratio in (("vs_sd_best", e.get("vs_sd_best")), ("vs_ar", vs_ar)):

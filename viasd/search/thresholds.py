@@ -192,7 +192,24 @@ def self_sd_points(dev: DevSet, cfg: ThresholdConfig) -> list[dict]:
     for gamma in cfg.gamma:
         policy = replace(dev.base, method="self_sd", gamma=gamma)
         points.append(_point(policy, dev.evaluate(policy, modelled=False), cfg, number=None, tiers_off=False,
-                             self_sd=True))
+                             baseline="self_sd"))
+    return points
+
+
+CASCADE_SLIM_MULTIPLES = (1, 2, 3)  # cascade_sd's searched gamma_slim: these multiples of its gamma
+
+
+def cascade_sd_points(dev: DevSet, cfg: ThresholdConfig, gamma: int) -> list[dict]:
+    """`cascade_sd` at `gamma` (SD's best on these prompts: its inner hop is the draft's SD against the slim) with
+    `gamma_slim` = each of `CASCADE_SLIM_MULTIPLES` times gamma (slim-level tokens per full verification: one
+    inner round, two, three) on the dev split, so that a `cascade_sd` run decodes at its own fastest setting.
+    Lossless (fidelity 1 in greedy decoding); ranked by measured wall time per token without the prefill
+    (`decode_wall_per_token`), as `self_sd_points`: the cost model has not priced cascade_sd's two-level loop."""
+    points = []
+    for k in CASCADE_SLIM_MULTIPLES:
+        policy = replace(dev.base, method="cascade_sd", gamma=gamma, gamma_slim=k * gamma)
+        points.append(_point(policy, dev.evaluate(policy, modelled=False), cfg, number=None, tiers_off=False,
+                             baseline="cascade_sd", gamma_slim=k * gamma))
     return points
 
 

@@ -35,6 +35,7 @@ from ..search.thresholds import (
     POLICY_KEYS,
     ThresholdConfig,
     budgeted_oracle_point,
+    cascade_sd_points,
     oracle_points,
     searched_space,
     self_sd_points,
@@ -42,7 +43,7 @@ from ..search.thresholds import (
 )
 from ..search.wall_factors import calibrated
 from ..search.workers import SERIAL, Worker, completed_points
-from ..study.cells import engine_options, input_files, search_base
+from ..study.cells import engine_options, input_files, search_base, takes_sd_best
 from ..study.paths import router_paths, threshold_paths
 from ..study.record import StageRecord
 from ..study.slims import load_run_models, mask_file, search_order, slim_description, slim_spec, slims_to_tune
@@ -55,6 +56,10 @@ log = logging.getLogger(__name__)
 # cost per runner layout, prefill averaged in) is not resumed or reused but run again
 COST_MODEL = ("v5: per layout and width, the prompt's explicit prefill excluded, the decode loop's per-block work, "
               "calibrated per gamma on the dev decodes' wall time")
+
+# what a thresholds file names of a lossless baseline's own best setting on dev, when the grid has that baseline
+BASELINE_BESTS = ("self_sd_best", "cascade_sd_best")
+BASELINE_KEYS = ("gamma", "decode_wall_per_token", "wall_per_token", "rejection_rate", "acceptance_rate", "fidelity")
 
 WARM_START = 4  # an ablation slim's search first tries the DIMR slim's cheapest feasible tiered policies
 
@@ -262,8 +267,16 @@ def wants_self_sd_best(params: Params) -> bool:
     slim's threshold search then measures."""
     from ..study.runs import parse_run
 
-    return params.decode.sd_gamma == "best" and any(
-        parse_run(r).method == "self_sd" and parse_run(r).gamma is None for r in params.study.runs)
+    return any(parse_run(r).method == "self_sd" and takes_sd_best(params, parse_run(r)) for r in params.study.runs)
+
+
+def wants_cascade_sd_best(params: Params) -> bool:
+    """A `cascade_sd` run of the study decodes at its own best `gamma_slim` on dev (`decode.sd_gamma: best` and
+    `decode.gamma_slim: null`), which the DIMR slim's threshold search then measures at SD's best gamma."""
+    from ..study.runs import parse_run
+
+    return params.decode.gamma_slim is None and any(
+        parse_run(r).method == "cascade_sd" and takes_sd_best(params, parse_run(r)) for r in params.study.runs)
 
 
 def search_signature(params: Params, pair: str, task: str, slim: str, cfg: ThresholdConfig,
@@ -282,6 +295,8 @@ def search_signature(params: Params, pair: str, task: str, slim: str, cfg: Thres
         signature["router"] = hashlib.sha256(router_file.read_bytes()).hexdigest() if router_file.exists() else None
     if slim == "main" and wants_self_sd_best(params):  # the file then carries self_sd's best gamma too
         signature["self_sd_best"] = True
+    if slim == "main" and wants_cascade_sd_best(params):  # and cascade_sd's best gamma_slim
+        signature["cascade_sd_best"] = True
     if candidates:  # another search's trials compete in the choice: the result depends on them too
         signature["candidates"] = hashlib.sha256(json.dumps(candidates, sort_keys=True).encode()).hexdigest()
     return json.loads(json.dumps(signature))
@@ -372,7 +387,7 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     # the candidates of another search (they compete in the choice, not in the search) or the held-out prompts
     # (they only check the choice); a change of those re-selects from the same, resumed study
     searched = {**{k: v for k, v in signature.items()
-                   if k not in ("candidates", "confirm_prompts", "held_out", "self_sd_best")},
+                   if k not in ("candidates", "confirm_prompts", "held_out", *BASELINE_BESTS)},
                 "config": {k: v for k, v in signature["config"].items() if k not in CHOICE_FIELDS}}
     storage = optuna_storage(params.study.optuna_storage, paths["storage"], params.models_dir.parent,
                              params.search_heartbeat(params.thresholds.workers))
@@ -397,8 +412,12 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
               "confirm": {"prompts": len(held_out), "checks": out["confirm"]}}
     if signature.get("self_sd_best"):  # self_sd's own fastest gamma on these dev prompts, by measured wall time
         best_self = min(self_sd_points(dev, cfg), key=lambda t: t["decode_wall_per_token"])
-        result["self_sd_best"] = {k: best_self.get(k) for k in ("gamma", "decode_wall_per_token", "wall_per_token",
-                                                                 "rejection_rate", "acceptance_rate", "fidelity")}
+        result["self_sd_best"] = {k: best_self.get(k) for k in BASELINE_KEYS}
+    if signature.get("cascade_sd_best"):  # cascade_sd's fastest gamma_slim at SD's best gamma, by measured wall time
+        points = cascade_sd_points(dev, cfg, result["sd_best"]["gamma"])
+        best_cascade = min(points, key=lambda t: t["decode_wall_per_token"])
+        result["cascade_sd_best"] = {**{k: best_cascade.get(k) for k in ("gamma_slim", *BASELINE_KEYS)},
+                                     "searched": {str(p["gamma_slim"]): p["decode_wall_per_token"] for p in points}}
     if best["tiers_off"]:
         log.info("thresholds %s: tiers off (plain SD at gamma %d) is the cheapest policy that meets %s",
                  paths["json"], best["gamma"], cfg.quality.describe())

@@ -64,21 +64,37 @@ def run_inputs(params: Params, pair: str, task: str, run: str | RunSpec) -> dict
     return inputs
 
 
-def sd_best_gamma(params: Params, pair: str, task: str, method: str = "sd") -> int:
-    """The gamma at which SD (`sd`, `cascade_sd`: the draft's SD) or self-speculation (`self_sd`) was cheapest on
-    the task's dev prompts (the DIMR slim's threshold search, which decodes them at every `thresholds.gamma`): one
-    clear error before that search has run."""
+def best_key(params: Params, method: str) -> str:
+    """Where the DIMR slim's thresholds file names a lossless baseline's best setting on dev: `self_sd_best`
+    (self-speculation's own gamma), `cascade_sd_best` (cascade_sd's gamma_slim at SD's gamma, unless
+    `decode.gamma_slim` fixes it), else `sd_best` (SD's gamma)."""
+    if method == "self_sd":
+        return "self_sd_best"
+    if method == "cascade_sd" and params.decode.gamma_slim is None:
+        return "cascade_sd_best"
+    return "sd_best"
+
+
+def best_settings(params: Params, pair: str, task: str, method: str = "sd") -> dict[str, int]:
+    """The `DecodePolicy` fields at which a lossless baseline was fastest on the task's dev prompts (the DIMR
+    slim's threshold search, which decodes SD at every `thresholds.gamma`, and self_sd / cascade_sd when the
+    grid has them): `gamma`, and `gamma_slim` for cascade_sd. One clear error before that search has run."""
     path = threshold_paths(params, task, pair, "main")["json"]
     if not path.exists():
         raise ConfigError(f"{method} decodes at its best gamma on dev, which the threshold search finds: no "
                           f"{path} yet (run `viasd tune-thresholds --pair {pair} --task {task}`), or set "
                           "decode.sd_gamma to a number")
-    key = "self_sd_best" if method == "self_sd" else "sd_best"
+    key = best_key(params, method)
     best = read_json(path, "the tuned thresholds").get(key)
     if best is None:
-        raise ConfigError(f"{path} names no {key} gamma (the search ran without it): run `viasd tune-thresholds "
+        raise ConfigError(f"{path} names no {key} setting (the search ran without it): run `viasd tune-thresholds "
                           f"--pair {pair} --task {task}` again, or set decode.sd_gamma to a number")
-    return int(best["gamma"])
+    return {"gamma": int(best["gamma"]), **({"gamma_slim": int(best["gamma_slim"])} if "gamma_slim" in best else {})}
+
+
+def sd_best_gamma(params: Params, pair: str, task: str, method: str = "sd") -> int:
+    """The gamma of `best_settings`."""
+    return best_settings(params, pair, task, method)["gamma"]
 
 
 def tuned_settings(params: Params, pair: str, task: str, slim: str = "main", required: bool = True) -> dict:
@@ -126,9 +142,10 @@ def run_policy(params: Params, pair: str, task: str, run: str | RunSpec) -> Deco
               "seed": params.seed, **engine_options(params), "max_new_tokens": params.max_new_tokens(task)}
     if spec.method == "viasd":
         fields.update(tuned_settings(params, pair, task, threshold_slim(params, spec)))
+    elif takes_sd_best(params, spec):
+        fields.update(best_settings(params, pair, task, spec.method))
     elif spec.method in LOSSLESS_BASELINES and spec.gamma is None:
-        fields["gamma"] = sd_best_gamma(params, pair, task, spec.method) if takes_sd_best(params, spec) \
-            else int(d.sd_gamma)
+        fields["gamma"] = int(d.sd_gamma)
     if spec.ablation == "no_tier2":
         fields["tau_slim"] = math.inf
     if spec.ablation == "oracle":  # the tuned gamma and engine; the oracle decides every tier (none is off)

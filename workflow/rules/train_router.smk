@@ -20,9 +20,10 @@ rule train_router:
         seed=config["seed"],
         router=config.get("router", {}),
         gamma=config["thresholds"]["gamma"],
-    # main's threshold search waits for it; the hand rules' searches run beside it
+    # main's threshold search waits for it; the hand rules' searches (thresholds.split_searches) run beside it,
+    # else it runs alone: both cores
     priority: 1
-    threads: 1
+    threads: 2
     resources:
         gpu=GPU,
         mem_mb=8000,
