@@ -72,6 +72,10 @@ def _check_semantics(raw: dict, source: str) -> None:
         raise ConfigError(f"{source}: models.family: {models['family']!r} is not one of models.families "
                           f"({', '.join(models['families'])})")
     for name, fam in models["families"].items():
+        drafter = fam.get("feature_drafter")
+        if drafter and drafter["trunk_layers"] >= fam["target"]["layers"]:
+            raise ConfigError(f"{source}: models.families.{name}.feature_drafter.trunk_layers: {drafter['trunk_layers']} "
+                              f"is not fewer than the target's {fam['target']['layers']} layers")
         for role in ("target", "draft", "independent"):
             arch = fam[role]
             if arch["hidden"] % arch["heads"]:
@@ -148,12 +152,25 @@ class ModelArch:
 
 
 @dataclass(frozen=True)
+class FeatureDrafterArch:
+    """A feature drafter of the family's target (`viasd train-drafter`): it reads the target's layers
+    0..trunk_layers-1 (the slim's shared trunk), learns for `train_tokens` tokens at `lr`, and is trained to
+    draft `ttt_steps` tokens ahead from its own outputs (training-time test)."""
+
+    trunk_layers: int
+    train_tokens: int
+    lr: float
+    ttt_steps: int = 3
+
+
+@dataclass(frozen=True)
 class Family:
     name: str
     context: int
     target: ModelArch
     draft: ModelArch
     independent: ModelArch
+    feature_drafter: FeatureDrafterArch | None = None
 
     def arch(self, role: str) -> ModelArch:
         return getattr(self, role)
@@ -365,7 +382,8 @@ def parse(raw: dict, root: Path = Path(".")) -> Params:
     models = raw["models"]
     fam_raw = models["families"][models["family"]]
     family = Family(models["family"], fam_raw["context"],
-                    *(ModelArch(**fam_raw[role]) for role in ("target", "draft", "independent")))
+                    *(ModelArch(**fam_raw[role]) for role in ("target", "draft", "independent")),
+                    FeatureDrafterArch(**fam_raw["feature_drafter"]) if fam_raw.get("feature_drafter") else None)
     return Params(
         seed=raw["seed"],
         data=DataParams(root / data["dir"], dict(data["split"]), data["tokenizer"]["vocab_size"],

@@ -22,7 +22,7 @@ from .decoding.policy import DecodePolicy
 from .decoding.seq2seq import is_encoder_decoder
 from .decoding.slim import RoutingMask, SlimVerifier, num_decoder_layers
 from .decoding.tier_router import LearnedRouter, RouterRows
-from .errors import ModelLoadError, PromptError, VocabularyMismatchError
+from .errors import ModelLoadError, PolicyError, PromptError, VocabularyMismatchError
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +192,7 @@ class ModelSet:
     slims: list[SlimVerifier] = field(default_factory=list)
     draft_tokenizer: object | None = None
     router: LearnedRouter | None = None  # viasd `router: learned`: the fitted router of the (first) slim
+    feature_drafter: nn.Module | None = None  # `drafter: feature` policies: a `FeatureDrafter` on the target's trunk
 
     def __post_init__(self):
         if self.draft is not None:
@@ -271,7 +272,13 @@ class ModelSet:
             policy = replace(policy, **overrides)
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         eos = self.eos_token_ids(policy)
-        result = decode(ids, policy, self.target, self.vocab_size, draft=self.draft, slims=self.slims,
+        draft = self.draft
+        if policy.drafter == "feature":
+            if self.feature_drafter is None:
+                raise PolicyError("drafter: feature needs a feature drafter (`viasd train-drafter`; "
+                                  "ModelSet.feature_drafter, or load_models(feature_drafter=...))")
+            draft = self.feature_drafter
+        result = decode(ids, policy, self.target, self.vocab_size, draft=draft, slims=self.slims,
                         tokenizer=self.tokenizer, eos_token_ids=eos, router=self.router, router_rows=router_rows,
                         oracle_reference=oracle_reference,
                         draft_tokenizer=self.draft_tokenizer if self.cross_vocab else None)
@@ -282,9 +289,10 @@ class ModelSet:
 
 def load_models(target: str | Path, draft: str | Path | None = None, masks: Sequence = (),
                 device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False,
-                independent: str | Path | None = None) -> ModelSet:
+                independent: str | Path | None = None, feature_drafter: str | Path | None = None) -> ModelSet:
     """Load a target (and draft) and route slim verifiers through `masks` (mask files, `RoutingMask`s or
-    lists of layer indices); `independent` adds a separately trained intermediate model after them.
+    lists of layer indices); `independent` adds a separately trained intermediate model after them;
+    `feature_drafter` a feature drafter's directory (`viasd train-drafter`), over the target's trunk.
     The tokenizer is the target's."""
     target_model = load_model(target, device, dtype, trust_remote_code)
     draft_model = load_model(draft, device, dtype, trust_remote_code) if draft is not None else None
@@ -301,6 +309,10 @@ def load_models(target: str | Path, draft: str | Path | None = None, masks: Sequ
         models.add_mask(mask)
     if independent is not None:
         models.add_independent_from(independent, device, dtype, trust_remote_code)
+    if feature_drafter is not None:
+        from .decoding.feature_drafter import load_feature_drafter
+
+        models.feature_drafter = load_feature_drafter(feature_drafter, target_model)
     return models
 
 

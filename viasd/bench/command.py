@@ -44,8 +44,8 @@ def run_setting(models) -> dict:
 
 
 def load_bench_models(params: Params, pair_name: str | None, device: str, dtype: str):
-    """The pair, with its DIMR mask as slim verifier when the search has run, and its learned router when
-    `viasd train-router` has fitted one."""
+    """The pair, with its DIMR mask as slim verifier when the search has run, its learned router when
+    `viasd train-router` has fitted one, and the family's feature drafter when `viasd train-drafter` has trained it."""
     from ..models import load_models
     from ..training.tier_router import load_router
 
@@ -56,6 +56,11 @@ def load_bench_models(params: Params, pair_name: str | None, device: str, dtype:
     router = router_paths(params, pair.name)["router"]
     if router.exists():
         models.router = load_router(router)
+    drafter = params.model_dir("feature_drafter") if pair.trained else None
+    if drafter is not None and drafter.exists():  # the family's feature drafter (`viasd train-drafter`)
+        from ..decoding.feature_drafter import load_feature_drafter
+
+        models.feature_drafter = load_feature_drafter(drafter, models.target)
     return pair, models
 
 

@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 # token decides, its peek passes not counted), the budgeted oracle at the fidelity floor (the ceiling of a router
 # that spends the same fidelity) and the hand-set rules tuned on their own (the rules ablation)
 VIASD_VARIANTS = ("viasd-oracle", "viasd-oracle_budget", "viasd-rules")
+# the methods again with the feature drafter (EAGLE-3-style, on the target's trunk) in the draft model's place
+FEATURE = "-drafter_feature"
+FEATURE_VARIANTS = ("sd" + FEATURE, "viasd" + FEATURE)
 # transformers' own: greedy generate, assisted generation with the draft (its heuristic schedule, and a fixed
 # `gamma` tokens per round), and its self-speculation (`assistant_early_exit`: the target's first layers draft)
 HF = ("hf_ar", "hf_assisted", "hf_assisted_fixed", "hf_early_exit")
@@ -177,7 +180,13 @@ def method_table(models: ModelSet, names: list[str], gamma: int, max_new_tokens:
                         **(engine or {}))
     out = []
     for name in names:
-        if name in ("hf_ar", "hf_assisted"):
+        if name in FEATURE_VARIANTS:
+            if models.feature_drafter is None:
+                raise BenchError(f"{name} drafts with the pair's feature drafter: train it first (`viasd train-drafter`)")
+            (own,) = method_table(models, [name[: -len(FEATURE)]], gamma, max_new_tokens, viasd, spec_cascade, engine,
+                                  variants, oracle_budget, baselines)
+            out.append(BenchMethod(name, replace(own.policy, drafter="feature")))
+        elif name in ("hf_ar", "hf_assisted"):
             out.append(BenchMethod(name))
         elif name == "hf_assisted_fixed":
             out.append(BenchMethod(name, assistant_tokens=gamma))
@@ -199,7 +208,8 @@ def method_table(models: ModelSet, names: list[str], gamma: int, max_new_tokens:
         elif name in METHODS:
             out.append(BenchMethod(name, replace(base, method=name, **(baselines or {}).get(name, {}))))
         else:
-            raise BenchError(f"unknown benchmark method {name!r}; choose from {', '.join(METHODS + VIASD_VARIANTS + HF)}")
+            raise BenchError(f"unknown benchmark method {name!r}; choose from "
+                             f"{', '.join(METHODS + VIASD_VARIANTS + FEATURE_VARIANTS + HF)}")
     if any(m.name not in DRAFTLESS for m in out) and models.draft is None:
         raise BenchError("the speculative methods but self_sd need a draft model")
     if any(m.name in ("cascade_sd", "self_sd", "viasd", *VIASD_VARIANTS) for m in out) and not models.slims:
@@ -359,7 +369,9 @@ def _timed_rounds(methods: list[BenchMethod], timed: dict[str, Callable], prompt
 INTERVAL_PAIRS = (("viasd", "sd"), ("sd", "ar"), ("viasd", "ar"), ("viasd-oracle", "sd"), ("viasd-oracle_budget", "sd"),
                   ("viasd-rules", "sd"), ("cascade_sd", "sd"), ("spec_cascade", "sd"), ("ar", "hf_ar"),
                   ("self_sd", "sd"), ("self_sd", "hf_early_exit"), ("self_sd", "ar"),
-                  ("sd", "hf_assisted"), ("sd", "hf_assisted_fixed"))
+                  ("sd", "hf_assisted"), ("sd", "hf_assisted_fixed"),
+                  ("sd-drafter_feature", "sd"), ("viasd-drafter_feature", "sd-drafter_feature"),
+                  ("viasd-drafter_feature", "sd"))
 
 
 def interval_ratios(per_prompt: dict[str, list[list[float]]], groups: list | None) -> dict:

@@ -18,6 +18,7 @@ from .stages import (
     add_report,
     add_resolve_params,
     add_tracking_init,
+    add_train_drafter,
     add_train_model,
     add_train_router,
     add_tune_thresholds,
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate(sub)
     add_prepare_data(sub)
     add_train_model(sub)
+    add_train_drafter(sub)
     add_decode(sub)
     add_dimr_search(sub)
     add_train_router(sub)

@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 
 
 def add_bench(sub) -> None:
-    from ..bench.timing import HF, VIASD_VARIANTS
+    from ..bench.timing import FEATURE_VARIANTS, HF, VIASD_VARIANTS
     from ..decoding.policy import METHODS
 
     p = stage_parser(sub, "bench", "speed side by side: our methods vs transformers generate / assisted generation",
@@ -27,7 +27,8 @@ def add_bench(sub) -> None:
     p.add_argument("--gamma", type=int, help="draft block length of sd, cascade_sd and spec_cascade (default: SD's best "
                    "gamma on dev, from the threshold search; decode.sd_gamma when it is a number)")
     p.add_argument("--methods", help="comma-separated (default: all; a sweep: hf_ar,ar,sd,viasd), from: "
-                   + ", ".join(HF + METHODS + VIASD_VARIANTS))
+                   + ", ".join(HF + METHODS + VIASD_VARIANTS + FEATURE_VARIANTS) + " (the last two draft with the "
+                   "family's feature drafter, `viasd train-drafter`)")
     p.add_argument("--cache", choices=CACHE_KINDS,
                    help="KV cache of our methods (default: decode.cache): inplace (written in place, attention over "
                         "the filled prefix), dynamic (transformers' DynamicCache) or static (transformers' StaticCache)")

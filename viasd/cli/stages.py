@@ -64,6 +64,23 @@ def _train_model(args) -> int:
     return 0
 
 
+def add_train_drafter(sub) -> None:
+    stage_parser(sub, "train-drafter", "train the default family's feature drafter (EAGLE-3-style, on the target's "
+                 "shared trunk) for the runs with a drafter_feature ablation", _train_drafter)
+
+
+def _train_drafter(args) -> int:
+    from ..stages.train_drafter import run_train_drafter
+
+    params = load_params(args)
+    live = live_metric(args, "train_loss", every=10)
+    out, report, record = run_train_drafter(params, on_step=live)
+    track(args, params, record)
+    print(json.dumps({"dir": str(out), **{k: report[k] for k in ("parameters", "steps", "train_seconds",
+                                                                  "test_agreement_by_depth")}}))
+    return 0
+
+
 def add_dimr_search(sub) -> None:
     p = stage_parser(sub, "dimr-search", "search the routing mask of the slim verifier (resumable)", _dimr_search)
     add_pair(p)

@@ -19,6 +19,7 @@ from torch import nn
 
 from ..errors import PolicyError, PromptError
 from .compilation import compiled
+from .feature_drafter import FeatureDrafter, FeatureDraftRunner, TrunkFeatures
 from .intermediate import IndependentVerifier
 from .kv_cache import model_cache
 from .methods import METHODS, MethodInputs
@@ -28,7 +29,7 @@ from .reuse import ExitRunner, RestRunner, TrunkRunner, shared_prefix
 from .runner import ModelRunner
 from .sampling import Sampler, unsure
 from .seq2seq import decoder_start_id, encode, is_encoder_decoder, text_config
-from .slim import SlimVerifier
+from .slim import RoutingMask, SlimVerifier, num_decoder_layers
 from .stats import DecodeStats
 from .stopping import StopRule
 from .text_draft import TextDraft
@@ -72,7 +73,9 @@ class DecodeSession:
         # an encoder-decoder target (seq2seq.py): the prompt is the encoders' input, and the decoded
         # sequence starts with the decoder start token
         self.seq2seq = is_encoder_decoder(target)
-        others = [m for m in (draft, *(s.model for s in slims if isinstance(s, IndependentVerifier))) if m is not None]
+        own_model = None if isinstance(draft, FeatureDrafter) else draft  # a feature drafter is the target's own
+        others = [m for m in (own_model, *(s.model for s in slims if isinstance(s, IndependentVerifier)))
+                  if m is not None]
         if any(is_encoder_decoder(m) != self.seq2seq for m in others):
             raise PolicyError("the target and the draft (or independent intermediate model) must both be encoder-decoder "
                               "models or both decoder-only")
@@ -81,7 +84,7 @@ class DecodeSession:
             prompt = [decoder_start_id(target)]
         self.prompt_len = len(prompt)
         capacity = self.capacity = self.prompt_len + policy.max_new_tokens + policy.gamma + 1
-        self._check_fits(policy, capacity, encoder_prompt, target, draft)
+        self._check_fits(policy, capacity, encoder_prompt, target, own_model)
         self.ids = torch.zeros((1, capacity), dtype=torch.long, device=device)
         self.ids[0, : self.prompt_len] = torch.tensor(prompt, dtype=torch.long, device=device)
         self.length = self.prompt_len
@@ -135,26 +138,44 @@ class DecodeSession:
     def _make_runners(self, policy: DecodePolicy, target: nn.Module, draft: nn.Module | None, slims,
                       vocab_size: int, capacity: int) -> None:
         """`self.draft`, `self.trunk`, `self.slims`, `self.target`: each model with its cache and counters; with
-        reuse, the trunk shared by the slim and the full model, and their rests."""
+        reuse, the trunk shared by the slim and the full model, and their rests. A feature drafter
+        (`feature_drafter.py`) drafts from the trunk's layers, so it splits the full model at the slim's
+        trunk or, without one (`sd`, or reuse off), at its own."""
 
         def runner(name, model, new_cache):
             return ModelRunner(name, compiled(model) if policy.compile else model, new_cache, vocab_size,
                                policy.exact_timing)
 
         kind = policy.cache
-        self.draft = runner("draft", draft, lambda: model_cache(draft, kind, capacity)) if draft is not None else None
+        feature = draft if isinstance(draft, FeatureDrafter) else None
         split = self._shared_prefix(policy, slims)
+        if feature is not None and (split is None or split.k < feature.trunk_layers):
+            if split is not None:
+                raise PolicyError(f"the feature drafter reads layers 0..{feature.trunk_layers - 1} of the shared trunk, "
+                                  f"but the slim shares only layers 0..{split.k - 1} with the full model")
+            split = shared_prefix(SlimVerifier(target, RoutingMask(tuple(range(feature.trunk_layers)),
+                                                                   num_decoder_layers(target))))
+            if split is None:
+                raise PolicyError("the feature drafter drafts from the target's leading layers, but this target's "
+                                  "forward does not split there (the reason is logged)")
+            own_split = True
+        else:
+            own_split = False
         self.trunk = None
         if split is not None:  # slim and full model share layers 0..k-1: one trunk pass per position (reuse)
             weight = next(target.parameters())
             self.trunk = TrunkRunner(compiled(split.trunk) if policy.compile else split.trunk,
                                      lambda: split.new_cache("trunk", kind, capacity), capacity,
                                      target.get_input_embeddings().weight.shape[-1], weight.dtype, vocab_size,
-                                     policy.exact_timing)
+                                     policy.exact_timing,
+                                     capture=TrunkFeatures(target, feature.layers) if feature is not None else None)
             self.trunk.layers = split.k
             self.target = RestRunner("target", compiled(split.target_rest) if policy.compile else split.target_rest,
                                      self.trunk, lambda: split.new_cache("target", kind, capacity), vocab_size,
                                      policy.exact_timing)
+        else:
+            self.target = runner("target", target, lambda: model_cache(target, kind, capacity))
+        if split is not None and not own_split:
             if split.early_exit:  # the slim is the trunk itself: its pass is the head on the trunk's output
                 self.slims = [ExitRunner(split.slim_rest, self.trunk, vocab_size, policy.exact_timing)]
             else:
@@ -162,11 +183,15 @@ class DecodeSession:
                                          self.trunk, lambda: split.new_cache("slim", kind, capacity), vocab_size,
                                          policy.exact_timing)]
         else:
-            self.target = runner("target", target, lambda: model_cache(target, kind, capacity))
             self.slims = [
                 runner("slim" if len(slims) == 1 else f"slim{k}", s.model, (lambda s=s: s.new_cache(kind, capacity)))
                 for k, s in enumerate(slims)
             ]
+        if feature is not None:
+            self.draft = FeatureDraftRunner(feature, self.trunk, vocab_size, policy.exact_timing)
+        else:
+            self.draft = runner("draft", draft, lambda: model_cache(draft, kind, capacity)) if draft is not None \
+                else None
 
     def _encode(self, prompt: torch.Tensor) -> None:
         """Encode the prompt once per distinct encoder module: the target's outputs serve the target and
@@ -274,11 +299,15 @@ class DecodeSession:
         """Prefill, then `block(self, self.state)` (default: the policy's method's) until a stop rule fires."""
         block = block or self.method.block
         start = time.perf_counter()
-        self.prefill()
         steps = 0
-        while not self.done:
-            block(self, self.state)
-            steps += 1
+        try:
+            self.prefill()
+            while not self.done:
+                block(self, self.state)
+                steps += 1
+        finally:
+            if self.trunk is not None:
+                self.trunk.close()
         stats = self.stats
         stats.wall_time_s = time.perf_counter() - start + stats.encoder_time_s  # the prompt's encoding included
         # side runners (the oracle's peeks) are not part of the method: counted apart, not in its time

@@ -16,6 +16,8 @@ ROUTERS = ("rules", "learned", "oracle")  # how viasd decides its tiers (decodin
 CACHE_KINDS = ("inplace", "dynamic", "static")  # KV cache of each runner (viasd.kv_cache)
 DEFAULT_CACHE = "inplace"
 # the fields of a viasd policy that the threshold search sets (a thresholds file holds them)
+DRAFTERS = ("model", "feature")  # the draft model; a feature drafter on the target's trunk (EAGLE-3-style)
+
 TUNED_FIELDS = ("gamma", "tau_accept", "tau_slim", "score", "confidence", "gate", "max_lag", "verify_lagged", "router",
                 "verify_block")
 
@@ -49,7 +51,9 @@ class DecodePolicy:
     oracle may settle although they are wrong (spent as it goes; 0 = fidelity 1).
     `draft_stop` (dynamic draft length, every drafting method): a block's drafting stops after a token the
     drafter gave a probability below `draft_stop` (its own distribution, as it drew the token), so `gamma` is
-    the most a block drafts (0 = off: always `gamma`).
+    the most a block drafts (0 = off: always `gamma`). `drafter` (`DRAFTERS`): who drafts for the drafting
+    methods, `model` (the draft model) or `feature` (a feature drafter on the target's shared trunk,
+    `feature_drafter.py`, passed to `decode` as the draft); `ModelSet.generate` picks the module by it.
     `spec_cascade`: `rule`, `alpha`. `cascade_sd`: `gamma_slim`, the
     number of slim-level tokens collected before the full model verifies (default `2 * gamma`).
     `cache` (`CACHE_KINDS`, see `kv_cache`): `inplace` (buffers for prompt + max_new_tokens + gamma + 1
@@ -85,6 +89,7 @@ class DecodePolicy:
     alpha: float = 0.1
     gamma_slim: int | None = None
     draft_stop: float = 0.0
+    drafter: str = "model"
     exact_timing: bool = True
     cache: str = DEFAULT_CACHE
     compile: bool = False
@@ -140,6 +145,8 @@ class DecodePolicy:
             object.__setattr__(self, "generation", ProcessorSettings.parse(self.generation))
         if not 0 <= self.draft_stop <= 1:
             raise PolicyError(f"draft_stop must be a probability in [0, 1] (0 = off), got {self.draft_stop}")
+        if self.drafter not in DRAFTERS:
+            raise PolicyError(f"unknown drafter {self.drafter!r}; choose one of {', '.join(DRAFTERS)}")
         if self.gamma_slim is not None and self.gamma_slim < 1:
             raise PolicyError(f"gamma_slim must be a positive integer, got {self.gamma_slim}")
         taus = self.tau_accept if isinstance(self.tau_accept, (list, tuple)) else (self.tau_accept,)

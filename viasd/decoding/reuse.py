@@ -182,21 +182,39 @@ class TrunkRunner(ModelRunner):
     """
 
     def __init__(self, model: nn.Module, new_cache: Callable, capacity: int, hidden_size: int, dtype, vocab_size: int,
-                 exact_timing: bool = True):
+                 exact_timing: bool = True, capture=None):
         super().__init__("trunk", model, new_cache, vocab_size, exact_timing)
         self.hidden = torch.zeros((1, capacity, hidden_size), dtype=dtype, device=self.device)
+        # a feature drafter's: the outputs of its feature layers at every position, `[1, capacity, F*H]`
+        # (`feature_drafter.TrunkFeatures` captures them during the trunk's own passes)
+        self.capture = capture
+        self.features = None if capture is None else torch.zeros((1, capacity, len(capture.layers) * hidden_size),
+                                                                 dtype=dtype, device=self.device)
 
     @torch.inference_mode()
     def advance(self, ids: torch.Tensor, upto: int) -> None:
-        """Make `hidden[:, :upto]` current: feed `ids[0, cached:upto]` through the trunk."""
+        """Make `hidden[:, :upto]` (and `features`) current: feed `ids[0, cached:upto]` through the trunk."""
         if self.cached >= upto:
             return
         with self.timed(upto - self.cached):
-            h = self.model(input_ids=ids[:, self.cached : upto], cache=self.cache, use_cache=True).last_hidden_state
+            if self.capture is not None:
+                self.capture.capturing = True
+            try:
+                h = self.model(input_ids=ids[:, self.cached : upto], cache=self.cache, use_cache=True).last_hidden_state
+            finally:
+                if self.capture is not None:
+                    self.capture.capturing = False
             self.hidden[:, self.cached : upto] = h
+            if self.capture is not None:
+                self.features[:, self.cached : upto] = self.capture.take()
         self.tokens += upto - self.cached
         self._fed_since_trim += upto - self.cached
         self.cached = upto
+
+    def close(self) -> None:
+        """Remove the feature capture's hooks from the target (the end of a decode)."""
+        if self.capture is not None:
+            self.capture.remove()
 
     def prefill(self, ids: torch.Tensor, upto: int) -> None:
         with self.prefilling():
