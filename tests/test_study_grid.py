@@ -32,10 +32,13 @@ from viasd.study.slims import slims_to_tune
     ("viasd-oracle", "viasd", "oracle", "main", None),
     ("viasd-oracle_budget", "viasd", "oracle_budget", "main", None),
     ("sd-gamma_6", "sd", "gamma_6", None, 6),
+    ("sd-drafter_feature", "sd", "drafter_feature", None, None),
+    ("viasd-drafter_feature", "viasd", "drafter_feature", "main", None),
 ])
 def test_runs_parse(text, method, ablation, mask, gamma):
     spec = parse_run(text)
     assert (spec.method, spec.ablation, spec.mask_kind, spec.gamma, spec.name) == (method, ablation, mask, gamma, text)
+    assert spec.drafter == ("feature" if ablation == "drafter_feature" else "model")
 
 
 @pytest.mark.parametrize("text, message", [
@@ -46,6 +49,7 @@ def test_runs_parse(text, method, ablation, mask, gamma):
     ("ar-gamma_3", "ar has no draft block length"),
     ("viasd-gamma_0", "unknown ablation 'gamma_0'"),
     ("viasd-bigger", "unknown ablation 'bigger'"),
+    ("self_sd-drafter_feature", "drafter_feature changes the drafter, which only sd, cascade_sd"),
 ])
 def test_bad_runs_are_refused(text, message):
     with pytest.raises(ValueError, match=message):

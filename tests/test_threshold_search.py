@@ -405,3 +405,44 @@ def test_which_lossless_baselines_the_dev_search_measures(tmp_path):
     assert not wants_cascade_sd_best(fixed) and best_key(fixed, "cascade_sd") == "sd_best"
     assert not wants_cascade_sd_best(load({"sd_gamma": 3}, ["cascade_sd"]))
     assert wants_self_sd_best(load({}, ["self_sd"])) and not wants_self_sd_best(load({"sd_gamma": 3}, ["self_sd"]))
+
+
+def test_the_feature_drafter_axis_through_the_stages(study, tmp_path):
+    """`viasd train-drafter` trains the smoke family's feature drafter; with an `sd-drafter_feature` run in the
+    grid the DIMR slim's search also decodes SD with it at every gamma on dev (lossless) and names its fastest
+    (`sd_drafter_feature_best`), which the run takes; the decode stage decodes `sd-drafter_feature` (ar's tokens)
+    and `viasd-drafter_feature` (the tuned thresholds, the feature drafter drafting) beside the others."""
+    import shutil
+
+    from viasd.stages.decode import run_decode_stage
+    from viasd.stages.train_drafter import run_train_drafter
+    from viasd.study.cells import run_inputs, run_policy
+
+    _, params = study
+    run_dimr_stage(params, progress=False)
+    run_router_stage(params, progress=False)
+    run_thresholds_stage(params, progress=False, slims=["rules", "main"])
+    models = tmp_path / "models"
+    shutil.copytree(params.models_dir, models)
+    runs = ["ar", "sd", "sd-drafter_feature", "viasd", "viasd-drafter_feature"]
+    grid = config.load(smoke_params(tmp_path, {"data": {"dir": str(params.data.dir)}, "models": {"dir": str(models)},
+                                               "study": {"runs": runs, "reports": str(tmp_path / "reports")}}))
+    from viasd.errors import StudyInputError
+
+    with pytest.raises(StudyInputError, match="no feature drafter at"):
+        run_thresholds_stage(grid, progress=False, slims=["main"])
+    out, report, record = run_train_drafter(grid, progress=False)
+    assert out == grid.model_dir("feature_drafter") and (out / "training.json").exists()
+    assert report["steps"] >= 1 and len(report["test_agreement_by_depth"]) == 3
+    assert record.metrics["test_agreement.depth_1"] == report["test_agreement_by_depth"][0]
+    main = run_thresholds_stage(grid, progress=False, slims=["main"])["main"]
+    best = main["sd_drafter_feature_best"]
+    assert best["gamma"] in grid.thresholds.search["gamma"] and best["fidelity"] == 1.0
+    policy = run_policy(grid, "smoke", "stdlib_continuation", "sd-drafter_feature")
+    assert (policy.method, policy.drafter, policy.gamma) == ("sd", "feature", best["gamma"])
+    assert run_policy(grid, "smoke", "stdlib_continuation", "viasd-drafter_feature").drafter == "feature"
+    assert run_inputs(grid, "smoke", "stdlib_continuation", "viasd-drafter_feature")["drafter"] == out
+    summaries = {s["run"]: s for s in run_decode_stage(grid, "smoke", "stdlib_continuation", limit=2, progress=False)}
+    assert summaries["sd-drafter_feature"]["fidelity"] == 1.0
+    assert summaries["sd-drafter_feature"]["policy"]["drafter"] == "feature"
+    assert summaries["viasd-drafter_feature"]["policy"]["drafter"] == "feature"

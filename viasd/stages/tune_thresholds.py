@@ -36,6 +36,7 @@ from ..search.thresholds import (
     ThresholdConfig,
     budgeted_oracle_point,
     cascade_sd_points,
+    feature_sd_points,
     oracle_points,
     searched_space,
     self_sd_points,
@@ -58,7 +59,7 @@ COST_MODEL = ("v5: per layout and width, the prompt's explicit prefill excluded,
               "calibrated per gamma on the dev decodes' wall time")
 
 # what a thresholds file names of a lossless baseline's own best setting on dev, when the grid has that baseline
-BASELINE_BESTS = ("self_sd_best", "cascade_sd_best")
+BASELINE_BESTS = ("self_sd_best", "cascade_sd_best", "sd_drafter_feature_best")
 BASELINE_KEYS = ("gamma", "decode_wall_per_token", "wall_per_token", "rejection_rate", "acceptance_rate", "fidelity")
 
 WARM_START = 4  # an ablation slim's search first tries the DIMR slim's cheapest feasible tiered policies
@@ -279,6 +280,15 @@ def wants_cascade_sd_best(params: Params) -> bool:
         parse_run(r).method == "cascade_sd" and takes_sd_best(params, parse_run(r)) for r in params.study.runs)
 
 
+def wants_feature_sd_best(params: Params) -> bool:
+    """An `sd-drafter_feature` run decodes at SD's own best gamma with the feature drafter on dev, which the DIMR
+    slim's threshold search then measures."""
+    from ..study.runs import parse_run
+
+    return any(parse_run(r).method == "sd" and parse_run(r).drafter == "feature" and takes_sd_best(params, parse_run(r))
+               for r in params.study.runs)
+
+
 def search_signature(params: Params, pair: str, task: str, slim: str, cfg: ThresholdConfig,
                      pass_cost: dict[str, PassCost] | None, router_file, candidates: list[dict],
                      searched: list, held_out: list) -> dict:
@@ -297,6 +307,12 @@ def search_signature(params: Params, pair: str, task: str, slim: str, cfg: Thres
         signature["self_sd_best"] = True
     if slim == "main" and wants_cascade_sd_best(params):  # and cascade_sd's best gamma_slim
         signature["cascade_sd_best"] = True
+    if slim == "main" and wants_feature_sd_best(params):  # and SD's best gamma with the feature drafter (which one)
+        from ..study.slims import feature_drafter_dir
+
+        drafter = feature_drafter_dir(params, params.pair(pair))
+        signature["sd_drafter_feature_best"] = hashlib.sha256(
+            (drafter / "feature_drafter.safetensors").read_bytes()).hexdigest()
     if candidates:  # another search's trials compete in the choice: the result depends on them too
         signature["candidates"] = hashlib.sha256(json.dumps(candidates, sort_keys=True).encode()).hexdigest()
     return json.loads(json.dumps(signature))
@@ -413,6 +429,13 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     if signature.get("self_sd_best"):  # self_sd's own fastest gamma on these dev prompts, by measured wall time
         best_self = min(self_sd_points(dev, cfg), key=lambda t: t["decode_wall_per_token"])
         result["self_sd_best"] = {k: best_self.get(k) for k in BASELINE_KEYS}
+    if "sd_drafter_feature_best" in signature:  # SD's fastest gamma with the feature drafter, by measured wall time
+        from ..decoding.feature_drafter import load_feature_drafter
+        from ..study.slims import feature_drafter_dir
+
+        models.feature_drafter = load_feature_drafter(feature_drafter_dir(params, pair), models.target)
+        best_feature = min(feature_sd_points(dev, cfg), key=lambda t: t["decode_wall_per_token"])
+        result["sd_drafter_feature_best"] = {k: best_feature.get(k) for k in BASELINE_KEYS}
     if signature.get("cascade_sd_best"):  # cascade_sd's fastest gamma_slim at SD's best gamma, by measured wall time
         points = cascade_sd_points(dev, cfg, result["sd_best"]["gamma"])
         best_cascade = min(points, key=lambda t: t["decode_wall_per_token"])

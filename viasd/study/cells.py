@@ -61,13 +61,18 @@ def run_inputs(params: Params, pair: str, task: str, run: str | RunSpec) -> dict
         inputs["thresholds"] = threshold_paths(params, task, pair, threshold_slim(params, spec))["json"]
     elif takes_sd_best(params, spec):
         inputs["thresholds"] = threshold_paths(params, task, pair, "main")["json"]
+    if spec.drafter == "feature":
+        inputs["drafter"] = params.model_dir("feature_drafter")
     return inputs
 
 
-def best_key(params: Params, method: str) -> str:
+def best_key(params: Params, method: str, drafter: str = "model") -> str:
     """Where the DIMR slim's thresholds file names a lossless baseline's best setting on dev: `self_sd_best`
-    (self-speculation's own gamma), `cascade_sd_best` (cascade_sd's gamma_slim at SD's gamma, unless
-    `decode.gamma_slim` fixes it), else `sd_best` (SD's gamma)."""
+    (self-speculation's own gamma), `sd_drafter_feature_best` (SD's gamma with the feature drafter),
+    `cascade_sd_best` (cascade_sd's gamma_slim at SD's gamma, unless `decode.gamma_slim` fixes it), else
+    `sd_best` (SD's gamma)."""
+    if method == "sd" and drafter == "feature":
+        return "sd_drafter_feature_best"
     if method == "self_sd":
         return "self_sd_best"
     if method == "cascade_sd" and params.decode.gamma_slim is None:
@@ -75,7 +80,8 @@ def best_key(params: Params, method: str) -> str:
     return "sd_best"
 
 
-def best_settings(params: Params, pair: str, task: str, method: str = "sd") -> dict[str, int]:
+def best_settings(params: Params, pair: str, task: str, method: str = "sd", drafter: str = "model"
+                  ) -> dict[str, int]:
     """The `DecodePolicy` fields at which a lossless baseline was fastest on the task's dev prompts (the DIMR
     slim's threshold search, which decodes SD at every `thresholds.gamma`, and self_sd / cascade_sd when the
     grid has them): `gamma`, and `gamma_slim` for cascade_sd. One clear error before that search has run."""
@@ -84,7 +90,7 @@ def best_settings(params: Params, pair: str, task: str, method: str = "sd") -> d
         raise ConfigError(f"{method} decodes at its best gamma on dev, which the threshold search finds: no "
                           f"{path} yet (run `viasd tune-thresholds --pair {pair} --task {task}`), or set "
                           "decode.sd_gamma to a number")
-    key = best_key(params, method)
+    key = best_key(params, method, drafter)
     best = read_json(path, "the tuned thresholds").get(key)
     if best is None:
         raise ConfigError(f"{path} names no {key} setting (the search ran without it): run `viasd tune-thresholds "
@@ -143,9 +149,10 @@ def run_policy(params: Params, pair: str, task: str, run: str | RunSpec) -> Deco
     if spec.method == "viasd":
         fields.update(tuned_settings(params, pair, task, threshold_slim(params, spec)))
     elif takes_sd_best(params, spec):
-        fields.update(best_settings(params, pair, task, spec.method))
+        fields.update(best_settings(params, pair, task, spec.method, spec.drafter))
     elif spec.method in LOSSLESS_BASELINES and spec.gamma is None:
         fields["gamma"] = int(d.sd_gamma)
+    fields["drafter"] = spec.drafter
     if spec.ablation == "no_tier2":
         fields["tau_slim"] = math.inf
     if spec.ablation == "oracle":  # the tuned gamma and engine; the oracle decides every tier (none is off)

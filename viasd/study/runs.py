@@ -16,6 +16,10 @@ Ablations:
                                                     1 - thresholds.quality.min_fidelity of its tokens wrong):
                                                     the ceiling of a router that spends the same fidelity
   gamma_<n>                                         draft block length n instead of the tuned/default one
+  drafter_feature                                   the feature drafter (EAGLE-3-style, on the target's shared
+                                                    trunk; `viasd train-drafter`) drafts in the draft model's
+                                                    place: `sd` at its own best gamma with it on dev, `viasd`
+                                                    with the thresholds tuned for the draft model
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ ROUTED = ("cascade_sd", "self_sd", "viasd")  # methods with a slim verifier (sel
 VIASD_ONLY = ("no_tier2", "rules", "oracle", "oracle_budget")  # ablations of VIA-SD's tier decisions
 # ablations that put another slim verifier in the DIMR mask's place (see study/slims.py)
 SLIM_ABLATIONS = ("mask_random", "mask_truncate", "mask_every_other", "cost_path", "cost_target", "independent")
+DRAFTING = ("sd", "cascade_sd", "spec_cascade", "viasd")  # methods a drafter drafts for
+DRAFTER_FEATURE = "drafter_feature"
 _GAMMA = re.compile(r"gamma_([1-9][0-9]*)$")
 _PREFIX = re.compile(r"prefix_(0|[1-9][0-9]*)$")
 
@@ -63,6 +69,11 @@ class RunSpec:
         return int(match.group(1)) if match else None
 
     @property
+    def drafter(self) -> str:
+        """Who drafts: `feature` (the feature drafter) or `model` (the draft model)."""
+        return "feature" if self.ablation == DRAFTER_FEATURE else "model"
+
+    @property
     def gamma(self) -> int | None:
         match = _GAMMA.match(self.ablation or "")
         return int(match.group(1)) if match else None
@@ -85,9 +96,13 @@ def parse_run(text: str) -> RunSpec:
             raise ValueError(f"{text!r}: {ablation} changes the slim verifier, which only "
                              f"{', '.join(ROUTED[:-1])} and {ROUTED[-1]} have")
         return spec
+    if ablation == DRAFTER_FEATURE:
+        if method not in DRAFTING:
+            raise ValueError(f"{text!r}: {ablation} changes the drafter, which only {', '.join(DRAFTING)} have")
+        return spec
     if ablation in VIASD_ONLY:
         if method != "viasd":
             raise ValueError(f"{text!r}: {ablation} is a VIA-SD ablation")
         return spec
     raise ValueError(f"{text!r}: unknown ablation {ablation!r}; ablations: {', '.join(SLIM_ABLATIONS)}, "
-                     f"{', '.join(VIASD_ONLY)}, gamma_<n>, prefix_<n>")
+                     f"{', '.join(VIASD_ONLY)}, {DRAFTER_FEATURE}, gamma_<n>, prefix_<n>")

@@ -106,10 +106,12 @@ def load_runs_models(params: Params, pair: Pair, runs: dict[str, tuple[RunSpec, 
             read_json(mask, "the routing mask")  # a missing mask names the stage that writes it
         if spec.routed and spec.ablation == "independent" and not pair.independent:
             raise StudyInputError(f"pair {pair.name} has no independent model (models.hub_pairs.{pair.name}.independent)")
-    needs_draft = any(spec.method not in ("ar", "self_sd") for spec, _ in runs.values())
+    needs_draft = any(spec.method not in ("ar", "self_sd") and spec.drafter == "model" for spec, _ in runs.values())
     device = device or params.device
     base = load_models(pair.target, draft=pair.draft if needs_draft else None, device=device, dtype=pair.dtype,
-                       trust_remote_code=pair.trust_remote_code)
+                       trust_remote_code=pair.trust_remote_code,
+                       feature_drafter=feature_drafter_dir(params, pair)
+                       if any(spec.drafter == "feature" for spec, _ in runs.values()) else None)
     n_layers = num_decoder_layers(base.target)
     independent = None
     out = {}
@@ -124,6 +126,18 @@ def load_runs_models(params: Params, pair: Pair, runs: dict[str, tuple[RunSpec, 
             slims.append(independent)
         out[name] = base.with_slims(slims)
     return out
+
+
+def feature_drafter_dir(params: Params, pair: Pair) -> Path:
+    """The feature drafter a `drafter_feature` run of `pair` drafts with (`viasd train-drafter`: the embedded
+    family's); one clear error for a hub pair or before it is trained."""
+    if not pair.trained:
+        raise StudyInputError(f"pair {pair.name}: the feature drafter is trained for the embedded family's target "
+                              "(`viasd train-drafter`); a hub pair's drafter_feature runs have none")
+    path = params.model_dir("feature_drafter")
+    if not path.exists():
+        raise StudyInputError(f"no feature drafter at {path}: run `viasd train-drafter` first")
+    return path
 
 
 def slim_description(params: Params, pair: str, spec: RunSpec):

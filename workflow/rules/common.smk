@@ -51,6 +51,15 @@ def pair_models(pair, roles=("target", "draft")):
     return [f"{MODELS}/{FAMILY}/{role}" for role in roles]
 
 
+def feature_drafter(pair, methods=None):
+    """The family's feature drafter (built by train_drafter) where a run of the grid drafts with it (a
+    drafter_feature ablation; `methods`: of these methods only); hub pairs have none."""
+    specs = [parse_run(r) for r in STUDY["runs"]]
+    if pair != FAMILY or not any(s.drafter == "feature" and (methods is None or s.method in methods) for s in specs):
+        return []
+    return [f"{MODELS}/{FAMILY}/feature_drafter"]
+
+
 def task_params(wildcards):
     return config["tasks"][wildcards.task]
 

@@ -9,6 +9,8 @@ rule decode:
         thresholds=f"{MODELS}/thresholds/{{pair}}-{{task}}",
         # a viasd run tuned with the learned router loads it
         router=f"{MODELS}/routers/{{pair}}",
+        # the runs with a drafter_feature ablation draft with the family's feature drafter
+        drafter=lambda w: feature_drafter(w.pair),
     output:
         rows=expand(f"{REPORTS}/decode/{{{{pair}}}}/{{{{task}}}}/{{run}}.jsonl", run=RUNS),
         summaries=expand(f"{REPORTS}/decode/{{{{pair}}}}/{{{{task}}}}/{{run}}.json", run=RUNS),
