@@ -16,7 +16,7 @@ from viasd import DecodePolicy, RoutingMask, SlimVerifier, decode
 from viasd.decoding.engine import DecodeSession
 from viasd.decoding.feature_drafter import FeatureDrafter, TrunkFeatures, feature_layers, load_feature_drafter
 from viasd.errors import PolicyError
-from viasd.training.feature_drafter import drafter_loss, target_pass, train_feature_drafter
+from viasd.training.feature_drafter import drafter_loss, target_continuations, target_pass, train_feature_drafter
 
 N_NEW = 24
 
@@ -111,8 +111,12 @@ def test_training_lowers_the_loss_and_the_saved_drafter_loads_alike(model_sets, 
     stream = np.asarray(tokenizer(TEXT[:20000])["input_ids"], dtype=np.int64)
     settings = dict(lr=3e-3, ttt_steps=3, batch_size=2, seq_len=48, weight_decay=0.0, grad_clip=1.0,
                     warmup_fraction=0.05, precision="float32", seed=0, eval_windows=2, progress=False)
-    drafter, report = train_feature_drafter(models.target, stream, stream, 2, train_tokens=60 * 2 * 48, **settings)
-    assert report["steps"] == 60 and len(report["loss_curve"]) == 60
+    windows = target_continuations(models.target, stream, 6, 12, 49, seed=0, batch=4, progress=False)
+    assert windows.shape == (6, 49)
+    assert windows[0, 12:].tolist() == hf_greedy(models, windows[0, :12].tolist(), 37, None)  # the target's own text
+    drafter, report = train_feature_drafter(models.target, stream, stream, 2, train_tokens=60 * 2 * 48,
+                                            continuations=windows, **settings)
+    assert report["steps"] == 60 and len(report["loss_curve"]) == 60 and report["data"] == "target continuations"
     assert np.mean(report["loss_curve"][-10:]) < np.mean(report["loss_curve"][:10])
     assert len(report["test_agreement_by_depth"]) == 3 and all(0 <= a <= 1 for a in report["test_agreement_by_depth"])
     assert all(p.grad is None for p in models.target.parameters())  # the target is frozen, and left as it was

@@ -155,12 +155,14 @@ class ModelArch:
 class FeatureDrafterArch:
     """A feature drafter of the family's target (`viasd train-drafter`): it reads the target's layers
     0..trunk_layers-1 (the slim's shared trunk), learns for `train_tokens` tokens at `lr`, and is trained to
-    draft `ttt_steps` tokens ahead from its own outputs (training-time test)."""
+    draft `ttt_steps` tokens ahead from its own outputs (training-time test), on `continuation_windows` windows of the
+    target's own greedy continuations of corpus prefixes (0: on corpus windows)."""
 
     trunk_layers: int
     train_tokens: int
     lr: float
     ttt_steps: int = 3
+    continuation_windows: int = 1024  # the target's greedy continuations it trains on (0: corpus windows)
 
 
 @dataclass(frozen=True)

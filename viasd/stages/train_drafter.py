@@ -23,7 +23,7 @@ def run_train_drafter(params: Params, progress: bool = True, on_step: Callable |
     """Train the family's feature drafter; its directory, its report and its `StageRecord`."""
     from ..io import atomic_dir, write_json
     from ..models import load_model, resolve_device
-    from ..training.feature_drafter import train_feature_drafter
+    from ..training.feature_drafter import target_continuations, train_feature_drafter
     from ..training.train import TrainingError, load_token_stream
 
     arch = params.family.feature_drafter
@@ -36,12 +36,17 @@ def run_train_drafter(params: Params, progress: bool = True, on_step: Callable |
     device = resolve_device(params.device)
     target = load_model(target_dir, str(device), "float32")
     tp = params.train
+    train_stream = load_token_stream(params.data.dir, "train")
+    continuations = None
+    if arch.continuation_windows:  # the target's own text, from a quarter-window prefix of the corpus
+        continuations = target_continuations(target, train_stream, arch.continuation_windows, tp.seq_len // 4,
+                                             tp.seq_len + 1, params.seed, progress=progress)
     drafter, report = train_feature_drafter(
-        target, load_token_stream(params.data.dir, "train"), load_token_stream(params.data.dir, "test"),
+        target, train_stream, load_token_stream(params.data.dir, "test"),
         arch.trunk_layers, train_tokens=arch.train_tokens, lr=arch.lr, ttt_steps=arch.ttt_steps,
         batch_size=tp.batch_size, seq_len=tp.seq_len, weight_decay=tp.weight_decay, grad_clip=tp.grad_clip,
-        warmup_fraction=tp.warmup_fraction, precision=tp.precision, seed=params.seed, progress=progress,
-        on_step=on_step)
+        warmup_fraction=tp.warmup_fraction, precision=tp.precision, seed=params.seed, continuations=continuations,
+        progress=progress, on_step=on_step)
     out = drafter_dir(params)
     report = {"role": ROLE, "family": params.family.name, **report, "device": device.type}
     with atomic_dir(out) as tmp:

@@ -1,9 +1,10 @@
 """Training a feature drafter (`decoding/feature_drafter.py`) for a trained target: the target frozen, the
 drafter's own layers learning the target's next-token distribution from the target's own trunk features.
 
-Each step takes `[B, T+1]` windows of the training corpus and runs the target once (no gradient), capturing
-its feature layers `f` `[B, T+1, F*H]` and its distributions `q_t` (the labels: the target's own
-predictions, soft, as EAGLE distils them; the corpus text only supplies the prefixes). Then:
+Each step takes `[B, T+1]` windows, by default the target's own greedy continuations of corpus prefixes
+(`target_continuations`: the text the drafter will draft for), and runs the target once over them (no
+gradient), capturing its feature layers `f` `[B, T+1, F*H]` and its distributions `q_t` (the labels: the
+target's own predictions, soft, as EAGLE distils them). Then:
 
 - depth 1, every position at once: drafter position `t` reads `(f_t, x_{t+1})` and is scored on
   `KL(q_{t+1} || p_t)` (as a cross-entropy against `q_{t+1}`), `t = 0..T-1`;
@@ -31,6 +32,28 @@ log = logging.getLogger(__name__)
 
 ROLE = "feature_drafter"
 DEPTH_WEIGHT = 0.8  # the weight of depth j+1 relative to depth j (EAGLE-3's training-time test)
+
+
+@torch.no_grad()
+def target_continuations(target, stream: np.ndarray, windows: int, prefix: int, length: int, seed: int,
+                         batch: int = 64, progress: bool = True) -> torch.Tensor:
+    """`[windows, length]` token windows whose first `prefix` tokens are cut from `stream` (seeded) and whose
+    rest is the target's own greedy continuation of them (`generate(do_sample=False)`, batched; the prefixes
+    have one length, so no padding): what the drafter proposes for at decode time is the target's text, not
+    the corpus's (EAGLE-3 trains on the target's own responses for this reason)."""
+    from tqdm.auto import tqdm
+
+    device = next(target.parameters()).device
+    g = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, len(stream) - prefix - 1, (windows,), generator=g).tolist()
+    prompts = torch.from_numpy(np.stack([stream[s : s + prefix] for s in starts]))
+    out = []
+    for i in tqdm(range(0, windows, batch), desc="target continuations", disable=not progress, unit="batch"):
+        ids = prompts[i : i + batch].to(device)
+        full = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                               max_new_tokens=length - prefix, min_new_tokens=length - prefix, pad_token_id=0)
+        out.append(full[:, :length].cpu())
+    return torch.cat(out)
 
 
 @torch.no_grad()
@@ -69,28 +92,31 @@ def drafter_loss(drafter: FeatureDrafter, features: torch.Tensor, target_logp: t
 
 
 @torch.no_grad()
-def draft_agreement(drafter: FeatureDrafter, target, trunk_features: TrunkFeatures, stream: np.ndarray,
-                    seq_len: int, windows: int, ttt_steps: int, seed: int) -> list[float]:
+def draft_agreement(drafter: FeatureDrafter, target, trunk_features: TrunkFeatures, windows: torch.Tensor,
+                    ttt_steps: int) -> list[float]:
     """How often the drafter's argmax is the target's, per depth (1 = from true features, j = after j-1 steps on
-    its own outputs), on `windows` windows of `stream` with the cut in their middle: what greedy speculative
-    decoding accepts at each draft position, teacher-forced."""
+    its own outputs), on `windows` `[N, T]` with block starts spread over each window's second half: what greedy
+    speculative decoding accepts at each draft position, teacher-forced (depth j counts only where depth j-1
+    agreed, as a chain draft is accepted)."""
     drafter.eval()
     hits = [0] * ttt_steps
     total = 0
     device = next(drafter.parameters()).device
-    for w in range(windows):
-        ids = batch_at(stream, w, 1, seq_len, seed, ROLE + ":eval").to(device)
+    for w in range(len(windows)):
+        ids = windows[w : w + 1].to(device)
         feats, logp = target_pass(target, trunk_features, ids)
         T = ids.shape[1]
-        for cut in range(seq_len // 4, T - ttt_steps - 1, max(1, seq_len // 16)):
+        for cut in range(T // 2, T - ttt_steps - 1, max(1, T // 16)):
             cache = drafter.new_cache()
             logits, g = drafter(feats[:, :cut], ids[:, 1 : cut + 1], cache=cache)
             own = g[:, -1:]
-            hits[0] += int(logits[0, -1, : logp.shape[-1]].argmax() == logp[0, cut].argmax())
+            right = bool(logits[0, -1, : logp.shape[-1]].argmax() == logp[0, cut].argmax())
+            hits[0] += right
             for j in range(1, ttt_steps):
                 t = cut + j - 1
                 logits_j, own = drafter(own, ids[:, t + 1 : t + 2], cache=cache, own=True)
-                hits[j] += int(logits_j[0, -1, : logp.shape[-1]].argmax() == logp[0, t + 1].argmax())
+                right = right and bool(logits_j[0, -1, : logp.shape[-1]].argmax() == logp[0, t + 1].argmax())
+                hits[j] += right
             total += 1
     drafter.train()
     return [h / max(1, total) for h in hits]
@@ -99,10 +125,12 @@ def draft_agreement(drafter: FeatureDrafter, target, trunk_features: TrunkFeatur
 def train_feature_drafter(target, train_stream: np.ndarray, test_stream: np.ndarray, trunk_layers: int, *,
                           train_tokens: int, lr: float, ttt_steps: int, batch_size: int, seq_len: int,
                           weight_decay: float, grad_clip: float, warmup_fraction: float, precision: str, seed: int,
-                          eval_windows: int = 16, progress: bool = True, on_step=None) -> tuple[FeatureDrafter, dict]:
+                          eval_windows: int = 16, continuations: torch.Tensor | None = None, progress: bool = True,
+                          on_step=None) -> tuple[FeatureDrafter, dict]:
     """Train a `FeatureDrafter` on `target`'s trunk (its first `trunk_layers` layers) for `train_tokens` tokens;
     returns it (eval mode) and its report: steps, seconds, the loss curve, per-depth agreement on the test
-    stream. `on_step(step, loss)` is called after every optimizer step."""
+    stream. `continuations` `[N, seq_len + 1]` (`target_continuations`): each step's windows are drawn from these
+    (seeded) instead of cut from `train_stream`. `on_step(step, loss)` is called after every optimizer step."""
     from tqdm.auto import tqdm
     from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
@@ -125,7 +153,11 @@ def train_feature_drafter(target, train_stream: np.ndarray, test_stream: np.ndar
     bar = tqdm(total=steps, desc="train feature drafter", disable=not progress, unit="step")
     try:
         for step in range(steps):
-            ids = batch_at(train_stream, step, batch_size, seq_len, seed, ROLE).to(device)
+            if continuations is None:
+                ids = batch_at(train_stream, step, batch_size, seq_len, seed, ROLE).to(device)
+            else:
+                rows = torch.randint(0, len(continuations), (batch_size,), generator=_step_generator(seed, ROLE, step))
+                ids = continuations[rows].to(device)
             cut = int(torch.randint(seq_len // 4, seq_len - ttt_steps, (1,),
                                     generator=_step_generator(seed, ROLE + ":cut", step)))
             with precision_ctx:
@@ -143,12 +175,18 @@ def train_feature_drafter(target, train_stream: np.ndarray, test_stream: np.ndar
             bar.update(1)
             bar.set_postfix(loss=f"{losses[-1]:.3f}")
         seconds = time.perf_counter() - started
-        agreement = draft_agreement(drafter, target, capture, test_stream, seq_len, eval_windows, ttt_steps, seed)
+        if continuations is None:
+            held_out = torch.cat([batch_at(test_stream, w, 1, seq_len, seed, ROLE + ":eval") for w in range(eval_windows)])
+        else:  # the target's continuations of held-out prefixes, as it trained
+            held_out = target_continuations(target, test_stream, eval_windows, seq_len // 4, seq_len + 1, seed,
+                                            progress=False)
+        agreement = draft_agreement(drafter, target, capture, held_out, ttt_steps)
     finally:
         bar.close()
         capture.remove()
     drafter.eval()
     report = {"trunk_layers": trunk_layers, "feature_layers": list(drafter.layers), "steps": steps,
+              "data": "target continuations" if continuations is not None else "corpus",
               "tokens": steps * batch_size * seq_len, "train_seconds": round(seconds, 1), "ttt_steps": ttt_steps,
               "parameters": sum(p.numel() for p in drafter.parameters()), "loss_curve": losses,
               "final_loss": float(np.mean(losses[-20:])),
