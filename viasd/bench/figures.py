@@ -63,7 +63,8 @@ def summarise(methods, seconds, n_tokens, stats, counts, memory, peeks=None) -> 
     def ratio(a, b):
         return med[a] / med[b] if a in med and b in med else None
 
-    best_hf_assisted = max((n for n in ("hf_assisted", "hf_assisted_fixed") if n in med), key=med.get, default=None)
+    best_hf_assisted = max((n for n in ("hf_assisted", "hf_assisted_fixed", "hf_assisted_heuristic") if n in med),
+                           key=med.get, default=None)
     ratios = {"ar_vs_hf_ar": ratio("ar", "hf_ar"),
               "sd_vs_hf_assisted": ratio("sd", best_hf_assisted) if best_hf_assisted else None,
               "sd_vs_ar": ratio("sd", "ar"), "viasd_vs_sd": ratio("viasd", "sd"), "viasd_vs_ar": ratio("viasd", "ar"),

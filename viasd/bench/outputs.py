@@ -21,7 +21,7 @@ from ..models import ModelSet
 log = logging.getLogger(__name__)
 
 MUST_MATCH = ("ar", "sd", "self_sd", "cascade_sd", "sd-drafter_feature", "hf_ar", "hf_assisted", "hf_assisted_fixed",
-              "hf_early_exit")
+              "hf_assisted_heuristic", "hf_early_exit")
 
 
 def quality_of(models: ModelSet, prompts: list[list[int]], tokens: dict[str, list[list[int]]],

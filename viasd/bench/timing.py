@@ -50,7 +50,13 @@ FEATURE = "-drafter_feature"
 FEATURE_VARIANTS = ("sd" + FEATURE, "viasd" + FEATURE)
 # transformers' own: greedy generate, assisted generation with the draft (its heuristic schedule, and a fixed
 # `gamma` tokens per round), and its self-speculation (`assistant_early_exit`: the target's first layers draft)
-HF = ("hf_ar", "hf_assisted", "hf_assisted_fixed", "hf_early_exit")
+HF = ("hf_ar", "hf_assisted", "hf_assisted_fixed", "hf_assisted_heuristic", "hf_early_exit")
+# transformers' assisted generation, by how the draft length is set: the assistant's generation config as it is
+# (transformers 5's defaults: 20 tokens, stopping early where the draft's confidence falls below 0.4, the
+# dynamic speculation lookahead), `gamma` fixed, and the heuristic schedule from `gamma` (+2 after a fully
+# accepted round, -1 otherwise; reset per call): (num_assistant_tokens, schedule, confidence threshold)
+ASSISTED = {"hf_assisted": None, "hf_assisted_fixed": ("gamma", "constant", 0.0),
+            "hf_assisted_heuristic": ("gamma", "heuristic_transient", 0.0)}
 
 
 
@@ -58,7 +64,8 @@ HF = ("hf_ar", "hf_assisted", "hf_assisted_fixed", "hf_early_exit")
 class BenchMethod:
     name: str
     policy: DecodePolicy | None = None  # ours
-    assistant_tokens: int | None = None  # hf_assisted_fixed: num_assistant_tokens, constant schedule
+    # hf_assisted_*: the assistant's (num_assistant_tokens, schedule, confidence threshold); None: its own config
+    assistant: tuple[int, str, float] | None = None
     early_exit: int | None = None  # hf_early_exit: the layers that draft (transformers' assistant_early_exit)
 
 
@@ -118,7 +125,7 @@ def _vocab_size(model) -> int:
     return model.config.get_text_config().vocab_size
 
 
-def hf_generate(models: ModelSet, max_new_tokens: int, assistant: bool, assistant_tokens: int | None = None,
+def hf_generate(models: ModelSet, max_new_tokens: int, assistant: bool, schedule: tuple[int, str, float] | None = None,
                 settings: ProcessorSettings | None = None, early_exit: int | None = None) -> Callable:
     """`prompt ids -> new ids` through `transformers`' own generate (greedy, no EOS stop), with the per-token
     generation `settings` our methods decode with, and no other of the target's generation config's
@@ -136,13 +143,12 @@ def hf_generate(models: ModelSet, max_new_tokens: int, assistant: bool, assistan
                                ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")})
     device = next(models.target.parameters()).device
     assistant_config = None
-    if assistant and assistant_tokens is not None:
-        # transformers reads the draft schedule from the *assistant's* generation config: a copy with
-        # `assistant_tokens` per round, constant, and no confidence-based early stop
+    if assistant and schedule is not None:
+        # transformers reads the draft schedule from the *assistant's* generation config: a copy with this
+        # many tokens per round, this schedule and this confidence threshold (0: no confidence-based early stop)
         assistant_config = copy.deepcopy(models.draft.generation_config)
-        assistant_config.num_assistant_tokens = assistant_tokens
-        assistant_config.num_assistant_tokens_schedule = "constant"
-        assistant_config.assistant_confidence_threshold = 0.0
+        (assistant_config.num_assistant_tokens, assistant_config.num_assistant_tokens_schedule,
+         assistant_config.assistant_confidence_threshold) = schedule
 
     @torch.inference_mode()
     def run(prompt: list[int]) -> list[int]:
@@ -186,10 +192,11 @@ def method_table(models: ModelSet, names: list[str], gamma: int, max_new_tokens:
             (own,) = method_table(models, [name[: -len(FEATURE)]], gamma, max_new_tokens, viasd, spec_cascade, engine,
                                   variants, oracle_budget, baselines)
             out.append(BenchMethod(name, replace(own.policy, drafter="feature")))
-        elif name in ("hf_ar", "hf_assisted"):
+        elif name == "hf_ar":
             out.append(BenchMethod(name))
-        elif name == "hf_assisted_fixed":
-            out.append(BenchMethod(name, assistant_tokens=gamma))
+        elif name in ASSISTED:
+            setting = ASSISTED[name]
+            out.append(BenchMethod(name, assistant=None if setting is None else (gamma, *setting[1:])))
         elif name == "hf_early_exit":
             out.append(BenchMethod(name, early_exit=early_exit_layers(models)))
         elif name == "viasd":
@@ -242,8 +249,8 @@ def _runner(models: ModelSet, method: BenchMethod, max_new_tokens: int, settings
         if greedy is not None and method.policy.router == "oracle":
             return lambda prompt: models.generate(prompt, method.policy, oracle_reference=greedy.get(tuple(prompt)))
         return lambda prompt: models.generate(prompt, method.policy)
-    return hf_generate(models, max_new_tokens, assistant=method.name in ("hf_assisted", "hf_assisted_fixed"),
-                       assistant_tokens=method.assistant_tokens, settings=settings, early_exit=method.early_exit)
+    return hf_generate(models, max_new_tokens, assistant=method.name in ASSISTED, schedule=method.assistant,
+                       settings=settings, early_exit=method.early_exit)
 
 
 def generation_settings(models: ModelSet, methods: list[BenchMethod]) -> ProcessorSettings:
@@ -369,7 +376,7 @@ def _timed_rounds(methods: list[BenchMethod], timed: dict[str, Callable], prompt
 INTERVAL_PAIRS = (("viasd", "sd"), ("sd", "ar"), ("viasd", "ar"), ("viasd-oracle", "sd"), ("viasd-oracle_budget", "sd"),
                   ("viasd-rules", "sd"), ("cascade_sd", "sd"), ("spec_cascade", "sd"), ("ar", "hf_ar"),
                   ("self_sd", "sd"), ("self_sd", "hf_early_exit"), ("self_sd", "ar"),
-                  ("sd", "hf_assisted"), ("sd", "hf_assisted_fixed"),
+                  ("sd", "hf_assisted"), ("sd", "hf_assisted_fixed"), ("sd", "hf_assisted_heuristic"),
                   ("sd-drafter_feature", "sd"), ("viasd-drafter_feature", "sd-drafter_feature"),
                   ("viasd-drafter_feature", "sd"))
 
