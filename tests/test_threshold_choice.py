@@ -262,3 +262,29 @@ def test_the_learned_routers_search_starts_on_the_diagonal(routers):
         assert (policy.router, policy.gamma, policy.tau_accept, policy.tau_slim) == ("learned", gamma, tau, tau)
         assert (policy.gate, policy.max_lag, policy.verify_lagged, policy.verify_block) == (0.0, 0, False, False)
     assert len({(p.tau_accept, p.tau_slim) for p in drawn[len(expected):]} - {(t, t) for _, t in expected}) == 2
+
+
+def test_the_dynamic_draft_length_is_searched_only_where_its_range_is_open():
+    """`thresholds.draft_stop`: an empty range (the default) draws nothing and keeps a fixed gamma; an open one
+    draws first whether it is on, then the threshold, and a point's Optuna parameters (`search_params`) give it back."""
+    from viasd.decoding.policy import DecodePolicy
+    from viasd.search.thresholds import ThresholdConfig, search_params, suggest_policy
+
+    closed = ThresholdConfig(routers=("learned",), gamma=(3,), tau_router=(0.6, 0.99))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    trial = study.ask()
+    assert suggest_policy(trial, DecodePolicy(), closed).draft_stop == 0.0 and "draft_stop_on" not in trial.params
+    study.tell(trial, 1.0)
+    open_ = ThresholdConfig(routers=("learned",), gamma=(3,), tau_router=(0.6, 0.99), draft_stop=(0.0, 0.5),
+                            gate=(0.0, 0.0), max_lag=(0,), verify_lagged=(True,), verify_block=(False,))
+    drawn = []
+    for _ in range(12):
+        trial = study.ask()
+        drawn.append((trial, suggest_policy(trial, DecodePolicy(), open_)))
+        study.tell(trial, 1.0)
+    values = {p.draft_stop for _, p in drawn}
+    assert 0.0 in values and any(0 < v <= 0.5 for v in values)
+    for trial, policy in drawn:
+        point = {"router": "learned", "gamma": 3, "max_lag": 0, "verify_lagged": True, "tau_accept": policy.tau_accept,
+                 "tau_slim": policy.tau_slim, "gate": 0.0, "draft_stop": policy.draft_stop}
+        assert search_params(point, open_) == trial.params

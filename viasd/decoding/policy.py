@@ -19,7 +19,7 @@ DEFAULT_CACHE = "inplace"
 DRAFTERS = ("model", "feature")  # the draft model; a feature drafter on the target's trunk (EAGLE-3-style)
 
 TUNED_FIELDS = ("gamma", "tau_accept", "tau_slim", "score", "confidence", "gate", "max_lag", "verify_lagged", "router",
-                "verify_block")
+                "verify_block", "draft_stop")
 
 
 def _as_levels(value, n: int, name: str) -> tuple[float, ...]:

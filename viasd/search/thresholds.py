@@ -53,6 +53,9 @@ class ThresholdConfig:
     scores: tuple[str, ...] = ("ratio", "ratio_argmax", "slim_prob")
     confidences: tuple[str, ...] = ("max_prob", "margin")
     gate: tuple[float, float] = (0.0, 0.9)  # draft-confidence gate; 0 = off
+    # dynamic draft length: a block's drafting stops after a token the drafter gave p below it; the lower bound
+    # is off (a fixed gamma), and a range with its upper bound above the lower is searched as the gate is
+    draft_stop: tuple[float, float] = (0.0, 0.0)
     max_lag: tuple[int, ...] = (0, 16)
     verify_lagged: tuple[bool, ...] = (True, False)
     verify_block: tuple[bool, ...] = (False,)
@@ -121,6 +124,7 @@ def suggest_policy(trial, base: DecodePolicy, cfg: ThresholdConfig) -> DecodePol
     return replace(base, **tiers,
                    gamma=trial.suggest_categorical("gamma", list(cfg.gamma)),
                    gate=_suggest_gate(trial, cfg),
+                   draft_stop=_suggest_switched(trial, "draft_stop", cfg.draft_stop),
                    max_lag=trial.suggest_categorical("max_lag", list(cfg.max_lag)),
                    verify_lagged=trial.suggest_categorical("verify_lagged", list(cfg.verify_lagged)),
                    verify_block=trial.suggest_categorical("verify_block", list(cfg.verify_block)))
@@ -129,9 +133,15 @@ def suggest_policy(trial, base: DecodePolicy, cfg: ThresholdConfig) -> DecodePol
 def _suggest_gate(trial, cfg: ThresholdConfig) -> float:
     """The draft gate: first whether it is on at all (off is the lower bound, usually 0: a value the
     continuous range alone would almost never draw), then its threshold."""
-    if cfg.gate[1] <= cfg.gate[0] or not trial.suggest_categorical("gate_on", [False, True]):
-        return cfg.gate[0]
-    return trial.suggest_float("gate", *cfg.gate)
+    return _suggest_switched(trial, "gate", cfg.gate)
+
+
+def _suggest_switched(trial, name: str, bounds: tuple[float, float]) -> float:
+    """A threshold whose lower bound is "off": whether it is on (`<name>_on`), then its value; the lower bound
+    without a parameter where the range is empty (not searched)."""
+    if bounds[1] <= bounds[0] or not trial.suggest_categorical(f"{name}_on", [False, True]):
+        return bounds[0]
+    return trial.suggest_float(name, *bounds)
 
 
 POLICY_KEYS = TUNED_FIELDS
@@ -259,22 +269,25 @@ def search_params(point: dict, cfg: ThresholdConfig) -> dict:
         score = point["score"]
         out.update({"score": score, "confidence": point["confidence"], "tau_slim": point["tau_slim"],
                     ("tau_accept_prob" if score in PROBABILITY_SCORES else "tau_accept_ratio"): point["tau_accept"]})
-    if cfg.gate[1] > cfg.gate[0]:
-        out["gate_on"] = point["gate"] > cfg.gate[0]
-        if out["gate_on"]:
-            out["gate"] = point["gate"]
+    for name in ("gate", "draft_stop"):
+        bounds = getattr(cfg, name)
+        if bounds[1] > bounds[0]:
+            out[f"{name}_on"] = point.get(name, bounds[0]) > bounds[0]
+            if out[f"{name}_on"]:
+                out[name] = point[name]
     return out
 
 
 def router_start_points(cfg: ThresholdConfig) -> list[dict]:
     """The learned router's start, as policy points (`search_params` gives their Optuna parameters): for each
     probability of `cfg.router_start` (in order) and each gamma, `tau_accept = tau_slim` at it, the draft gate at
-    its lower bound (off), no forced catch-up (the space's first `max_lag`), the lagged tokens unchecked where the
+    its lower bound (off), as the dynamic draft length, no forced catch-up (the space's first `max_lag`), the lagged tokens unchecked where the
     space allows (else its first value), the block re-verification its first value. Empty without the learned
     router among `cfg.routers`."""
     if "learned" not in cfg.routers:
         return []
-    fixed = {"router": "learned", "gate": cfg.gate[0], "max_lag": cfg.max_lag[0], "verify_block": cfg.verify_block[0],
+    fixed = {"router": "learned", "gate": cfg.gate[0], "draft_stop": cfg.draft_stop[0], "max_lag": cfg.max_lag[0],
+             "verify_block": cfg.verify_block[0],
              "verify_lagged": False if False in cfg.verify_lagged else cfg.verify_lagged[0]}
     return [{**fixed, "gamma": gamma, "tau_accept": tau, "tau_slim": tau}
             for tau in cfg.router_start for gamma in cfg.gamma]
