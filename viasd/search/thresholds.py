@@ -280,10 +280,10 @@ def search_params(point: dict, cfg: ThresholdConfig) -> dict:
 
 def router_start_points(cfg: ThresholdConfig) -> list[dict]:
     """The learned router's start, as policy points (`search_params` gives their Optuna parameters): for each
-    probability of `cfg.router_start` (in order) and each gamma, `tau_accept = tau_slim` at it, the draft gate at
-    its lower bound (off), as the dynamic draft length, no forced catch-up (the space's first `max_lag`), the lagged tokens unchecked where the
-    space allows (else its first value), the block re-verification its first value. Empty without the learned
-    router among `cfg.routers`."""
+    probability of `cfg.router_start` (in order) and each gamma, `tau_accept = tau_slim` at it, the draft gate
+    and the dynamic draft length at their lower bounds (off), no forced catch-up (the space's first `max_lag`),
+    the lagged tokens unchecked where the space allows (else its first value), the block re-verification its
+    first value. Empty without the learned router among `cfg.routers`."""
     if "learned" not in cfg.routers:
         return []
     fixed = {"router": "learned", "gate": cfg.gate[0], "draft_stop": cfg.draft_stop[0], "max_lag": cfg.max_lag[0],
