@@ -55,3 +55,41 @@ def test_seconds_per_token_leaves_the_prefill_out_and_runs_pair_by_id():
     ours = {"ids": ["y", "x"], "groups": ["g", "f"], "seconds_per_token": [1.0, 1.0]}
     assert run_vs(sd, ours)["ratio"] == pytest.approx(2.0) and run_vs(sd, ours)["prompts"] == 2
     assert run_vs(None, ours) is None
+
+
+def test_the_claims_table_sets_each_source_claim_beside_the_studys_figure(tmp_path):
+    """`report/claims.py`: the rejection rate against cascade SD and Faster Cascades, viasd over the fastest lossless
+    SD of the grid (read on these prompts), over greedy, the DIMR search's minutes, and the slim ablations, each with
+    the quality beside it."""
+    from viasd.report.claims import best_lossless, claim_rows, claims_table, dimr_seconds
+    from viasd.report.tables import with_speed
+
+    ids, groups = ["a", "b", "c", "d"], ["f", "f", "g", "h"]
+
+    def run(name, method, seconds, rejection=None, fidelity=1.0):
+        speed = {"ids": ids, "groups": groups, "seconds_per_token": [seconds] * 4,
+                 "vs_ar": {"ratio": 4.0 / seconds, "low": None, "high": None}}
+        return {"run": name, "method": method, "speed": speed, "rejection_rate": rejection,
+                "quality": {"fidelity": fidelity, "task_drop": 0.2}}
+
+    evals = with_speed([run("ar", "ar", 4.0), run("sd", "sd", 2.0, 0.30), run("self_sd", "self_sd", 1.6, 0.5),
+                        run("cascade_sd", "cascade_sd", 2.2, 0.25), run("spec_cascade", "spec_cascade", 1.9, 0.28),
+                        run("viasd", "viasd", 1.25, 0.10, 0.97), run("viasd-independent", "viasd", 2.0, 0.3),
+                        run("viasd-mask_random", "viasd", 2.5, 0.3)])
+    assert best_lossless(evals)["run"] == "self_sd"
+    bench = tmp_path / "benchmarks" / "dimr_search"
+    bench.mkdir(parents=True)
+    (bench / "default.tsv").write_text("s\th:m:s\n600.0\t0:10:00\n")
+    rows = claim_rows("continuation", evals, dimr_seconds(tmp_path / "benchmarks", "default"))
+    by_claim = {r["claim"]: r["ours"] for r in rows}
+    assert [r["claim"] for r in rows].count("rejection rate below cascade SD / Faster Cascades") == 2
+    assert any(r["ours"].startswith("0.150 lower than `cascade_sd`") for r in rows)
+    assert any(r["ours"].startswith("0.180 lower than `spec_cascade`") for r in rows)
+    assert by_claim["speed over the best speculative decoding"].startswith("1.280× [") and "`self_sd`" in \
+        by_claim["speed over the best speculative decoding"]
+    assert by_claim["speed over greedy decoding"] == "3.200×"
+    assert by_claim["DIMR search time per pair"].startswith("10.0 min")
+    assert by_claim["DIMR slim against an independently trained one"].startswith("1.600×")
+    assert all("fidelity 0.970" in r["quality"] for r in rows if r["claim"] != "DIMR search time per pair")
+    assert "the source" in claims_table(rows).splitlines()[0]
+    assert dimr_seconds(tmp_path / "nothing", "default") is None

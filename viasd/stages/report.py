@@ -14,6 +14,7 @@ Outputs under reports/:
   tables/<pair>-family.md, .csv          the pair's models and slims: shape, parameters, training tokens and
                                          time, test NLL, teacher-forced greedy agreement with the target, DIMR cost
   tables/stage-times.md                  wall time per workflow rule, from Snakemake's benchmarks/ (when present)
+  tables/claims.md                       the source's claims, each beside this study's test figure
   metrics.json                           the headline per pair, task and run (speedup vs ar, rejection rate, the
                                          three quality measures): DVC's metrics file (`dvc metrics diff`,
                                          `dvc exp show` columns)
@@ -28,6 +29,7 @@ import json
 from ..config import Params
 from ..errors import StudyInputError
 from ..io import write_json, write_text
+from ..report.claims import claim_rows, claims_table, dimr_seconds
 from ..report.family import family_rows, family_table, router_summary
 from ..report.headline import INTRO, headline
 from ..report.headroom import oracle_headroom
@@ -70,6 +72,7 @@ def run_report_stage(params: Params) -> dict:
         by_cell.setdefault((pair, task), []).append(json.loads(path.read_text()))
     summary = [f"# viasd study `{params.study.name}`\n", INTRO]
     figures: dict = {}
+    claims: list[dict] = []
     for (pair, task), evals in by_cell.items():
         key = f"{pair}-{task}"
         spec = get_task(task)
@@ -77,6 +80,8 @@ def run_report_stage(params: Params) -> dict:
         listed = [*QUALITY_FIRST, *([metric, f"{metric}_ar"] if metric else []), *spec.metrics]
         quality_keys = [k for k in dict.fromkeys(listed) if any(k in e["quality"] for e in evals)]
         evals = with_speed(evals)
+        claims += claim_rows(task if len(params.study.pairs) == 1 else f"{pair}: {task}", evals,
+                             dimr_seconds(params.models_dir.parent / "benchmarks", pair))
         rows = table_rows(evals, quality_keys)
         table = markdown_table(rows, quality_keys)
         write_text(paths[f"{key}.md"], f"# {pair} on {task}\n\n{table}")
@@ -129,6 +134,12 @@ def run_report_stage(params: Params) -> dict:
                     "much closer to the target than the draft is.\n", table,
                     f"DIMR search of `{pair}`: ![search](dimr/{pair}/search.png) ![layers](dimr/{pair}/layers.png)\n",
                     router_summary(params, pair)]
+    if claims:
+        write_text(paths["claims.md"], f"# The source's claims beside this study's test figures\n\n{claims_table(claims)}")
+        summary += ["## The source's claims, beside this study's\n",
+                    "Each of the VIA-SD paper's claims with what this study measured on the test split (read, not "
+                    "chosen on); \"the best speculative decoding\" is the fastest lossless run of this grid on these "
+                    "prompts.\n", claims_table(claims)]
     summary += stage_times_section(params, paths)
     write_json(paths["metrics"], figures)
     write_text(paths["summary"], "\n".join(summary))

@@ -120,6 +120,7 @@ def report_paths(params: Params) -> dict:
         out[f"{pair}-family.md"] = base / "tables" / f"{pair}-family.md"
         out[f"{pair}-family.csv"] = base / "tables" / f"{pair}-family.csv"
     out["stage-times"] = base / "tables" / "stage-times.md"
+    out["claims.md"] = base / "tables" / "claims.md"
     return out
 
 
