@@ -410,8 +410,9 @@ def test_which_lossless_baselines_the_dev_search_measures(tmp_path):
 def test_the_feature_drafter_axis_through_the_stages(study, tmp_path):
     """`viasd train-drafter` trains the smoke family's feature drafter; with an `sd-drafter_feature` run in the
     grid the DIMR slim's search also decodes SD with it at every gamma on dev (lossless) and names its fastest
-    (`sd_drafter_feature_best`), which the run takes; the decode stage decodes `sd-drafter_feature` (ar's tokens)
-    and `viasd-drafter_feature` (the tuned thresholds, the feature drafter drafting) beside the others."""
+    (`sd_drafter_feature_best`), which the run takes; `viasd-drafter_feature` gets a router refitted on the feature
+    drafter's blocks and a threshold search of its own (with its oracle ceiling); the decode stage decodes
+    `sd-drafter_feature` (ar's tokens) and `viasd-drafter_feature` beside the others."""
     import shutil
 
     from viasd.stages.decode import run_decode_stage
@@ -435,13 +436,25 @@ def test_the_feature_drafter_axis_through_the_stages(study, tmp_path):
     assert out == grid.model_dir("feature_drafter") and (out / "training.json").exists()
     assert report["steps"] >= 1 and len(report["test_agreement_by_depth"]) == 3
     assert record.metrics["test_agreement.depth_1"] == report["test_agreement_by_depth"][0]
-    main = run_thresholds_stage(grid, progress=False, slims=["main"])["main"]
+    from viasd.study.paths import router_paths
+    from viasd.study.slims import router_drafters, slims_to_tune
+
+    assert router_drafters(grid) == ["model", "feature"] and "drafter_feature" in slims_to_tune(grid)
+    routed = run_router_stage(grid, progress=False, drafter="feature")  # refitted on the feature drafter's blocks
+    assert routed["drafter"] == "feature" and router_paths(grid, "smoke", "feature")["router"].exists()
+    assert router_paths(grid, "smoke", "feature")["router"] != router_paths(grid, "smoke")["router"]
+    results = run_thresholds_stage(grid, progress=False, slims=["main", "drafter_feature"])
+    main, own = results["main"], results["drafter_feature"]
+    assert own["signature"]["drafter"] and own["signature"]["router"] != main["signature"]["router"]
+    assert own["oracle"] is not None  # the ceiling on this drafter
     best = main["sd_drafter_feature_best"]
     assert best["gamma"] in grid.thresholds.search["gamma"] and best["fidelity"] == 1.0
     policy = run_policy(grid, "smoke", "stdlib_continuation", "sd-drafter_feature")
     assert (policy.method, policy.drafter, policy.gamma) == ("sd", "feature", best["gamma"])
-    assert run_policy(grid, "smoke", "stdlib_continuation", "viasd-drafter_feature").drafter == "feature"
-    assert run_inputs(grid, "smoke", "stdlib_continuation", "viasd-drafter_feature")["drafter"] == out
+    on_feature = run_policy(grid, "smoke", "stdlib_continuation", "viasd-drafter_feature")
+    assert on_feature.drafter == "feature" and on_feature.gamma == own["gamma"]
+    inputs = run_inputs(grid, "smoke", "stdlib_continuation", "viasd-drafter_feature")
+    assert inputs["drafter"] == out and inputs["thresholds"].name == "drafter_feature.json"
     summaries = {s["run"]: s for s in run_decode_stage(grid, "smoke", "stdlib_continuation", limit=2, progress=False)}
     assert summaries["sd-drafter_feature"]["fidelity"] == 1.0
     assert summaries["sd-drafter_feature"]["policy"]["drafter"] == "feature"

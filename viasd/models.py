@@ -193,6 +193,7 @@ class ModelSet:
     draft_tokenizer: object | None = None
     router: LearnedRouter | None = None  # viasd `router: learned`: the fitted router of the (first) slim
     feature_drafter: nn.Module | None = None  # `drafter: feature` policies: a `FeatureDrafter` on the target's trunk
+    feature_router: LearnedRouter | None = None  # the learned router refitted on the feature drafter's blocks
 
     def __post_init__(self):
         if self.draft is not None:
@@ -272,14 +273,15 @@ class ModelSet:
             policy = replace(policy, **overrides)
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         eos = self.eos_token_ids(policy)
-        draft = self.draft
+        draft, router = self.draft, self.router
         if policy.drafter == "feature":
+            router = self.feature_router or router
             if self.feature_drafter is None:
                 raise PolicyError("drafter: feature needs a feature drafter (`viasd train-drafter`; "
                                   "ModelSet.feature_drafter, or load_models(feature_drafter=...))")
             draft = self.feature_drafter
         result = decode(ids, policy, self.target, self.vocab_size, draft=draft, slims=self.slims,
-                        tokenizer=self.tokenizer, eos_token_ids=eos, router=self.router, router_rows=router_rows,
+                        tokenizer=self.tokenizer, eos_token_ids=eos, router=router, router_rows=router_rows,
                         oracle_reference=oracle_reference,
                         draft_tokenizer=self.draft_tokenizer if self.cross_vocab else None)
         if self.tokenizer is not None:

@@ -61,6 +61,9 @@ def load_bench_models(params: Params, pair_name: str | None, device: str, dtype:
         from ..decoding.feature_drafter import load_feature_drafter
 
         models.feature_drafter = load_feature_drafter(drafter, models.target)
+        feature_router = router_paths(params, pair.name, "feature")["router"]
+        if feature_router.exists():  # refitted on the feature drafter's blocks (a viasd-drafter_feature run)
+            models.feature_router = load_router(feature_router)
     return pair, models
 
 
@@ -168,6 +171,8 @@ def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: l
     rules = threshold_paths(params, task, pair.name, "rules")["json"]
     methods = [m for m in methods if m != "viasd-rules" or rules.exists()]  # the rules' own search, when it ran
     variants = {"viasd-rules": tuned_settings(params, pair.name, task, "rules", required=False)} if rules.exists() else {}
+    if threshold_paths(params, task, pair.name, "drafter_feature")["json"].exists():  # its own search, when it ran
+        variants["viasd-drafter_feature"] = tuned_settings(params, pair.name, task, "drafter_feature")
     tuned = tuned_settings(params, pair.name, task, required=False)
     own = baseline_settings(params, pair.name, task) if source == "SD's best on dev" else {}
     table = method_table(models, methods, gamma, max_new, tuned, cascade, engine, variants,

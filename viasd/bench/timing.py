@@ -191,7 +191,9 @@ def method_table(models: ModelSet, names: list[str], gamma: int, max_new_tokens:
                 raise BenchError(f"{name} drafts with the pair's feature drafter: train it first (`viasd train-drafter`)")
             (own,) = method_table(models, [name[: -len(FEATURE)]], gamma, max_new_tokens, viasd, spec_cascade, engine,
                                   variants, oracle_budget, baselines)
-            out.append(BenchMethod(name, replace(own.policy, drafter="feature")))
+            # VIA-SD on the feature drafter with the thresholds of its own search where it ran (`variants`)
+            settings = (variants or {}).get(name, {})
+            out.append(BenchMethod(name, replace(own.policy, drafter="feature", **settings)))
         elif name == "hf_ar":
             out.append(BenchMethod(name))
         elif name in ASSISTED:

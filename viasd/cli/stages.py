@@ -141,17 +141,22 @@ def add_train_router(sub) -> None:
     p = stage_parser(sub, "train-router", "fit the learned router of the pair's DIMR slim on oracle decodes of the "
                      "calibration set", _train_router)
     add_pair(p)
+    p.add_argument("--drafter", choices=["model", "feature"], help="fit only the router of blocks this drafter "
+                   "drafts (default: the draft model's, and the feature drafter's when a viasd-drafter_feature run is "
+                   "in study.runs)")
 
 
 def _train_router(args) -> int:
     from ..stages.train_router import router_record, run_router_stage
+    from ..study.slims import router_drafters
 
     params = load_params(args)
     pair = params.pair(args.pair)
-    out = run_router_stage(params, pair.name)
-    track(args, params, router_record(params, out))
-    print(json.dumps({"pair": pair.name, **{k: out["metrics"][k] for k in ("rows", "draft_auc", "draft_ece",
-                                                                           "slim_auc", "slim_ece")}}))
+    for drafter in [args.drafter] if args.drafter else router_drafters(params):
+        out = run_router_stage(params, pair.name, drafter=drafter)
+        track(args, params, router_record(params, out))
+        print(json.dumps({"pair": pair.name, "drafter": drafter,
+                          **{k: out["metrics"][k] for k in ("rows", "draft_auc", "draft_ece", "slim_auc", "slim_ece")}}))
     return 0
 
 

@@ -187,7 +187,8 @@ class FeatureDraftRunner(ModelRunner):
     next block re-reads the trunk's features there. `forward(ids, upto, 1)` returns the logits of `x_upto`."""
 
     def __init__(self, drafter: FeatureDrafter, trunk, vocab_size: int, exact_timing: bool = True):
-        super().__init__("draft", drafter, drafter.new_cache, vocab_size, exact_timing, layers=1)
+        # its own layout name: the cost model prices a pass by `name:layers`, and a one-layer draft model is `draft:1`
+        super().__init__("feature", drafter, drafter.new_cache, vocab_size, exact_timing, layers=1)
         self.trunk = trunk
         self.positions = 0
         self.exact = 0

@@ -78,7 +78,7 @@ def run_decode_stage(params: Params, pair_name: str, task: str, runs: Sequence[s
     models = load_runs_models(params, pair, {spec.name: (spec, inputs[spec.name].get("mask")) for spec in specs})
     for name, policy in policies.items():
         if policy.router == "learned":
-            models[name].router = load_pair_router(params, pair.name)
+            models[name].router = load_pair_router(params, pair.name, policy.drafter)
     ar_models = next(iter(models.values()))
     slims = {spec.name: slim_description(params, pair.name, spec) for spec in specs}
     first: dict[str, str] = {}  # decode key -> the first run with it

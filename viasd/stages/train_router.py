@@ -6,7 +6,8 @@ threshold search tries, so that every block position it can pick is seen). The c
 one the mask search uses: no task prompt, dev or test, is read. Fit, the choice of probe and L2 on
 validation decodes (`router.probe: auto`, a list of `router.l2`), and held-out figures: `training.router`.
 Outputs: `models/routers/<pair>/main.json` (the router, its held-out AUC / ECE and the oracle decodes'
-figures) and `reports/router/<pair>/reliability.png`.
+figures) and `reports/router/<pair>/reliability.png`; for each other drafter a `viasd` run of the grid drafts
+with (`drafter_feature`), a router refitted on that drafter's blocks, `drafter_feature.json` beside them.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ..search.calibration_set import load_calibration
 from ..study.cells import engine_options, input_files
 from ..study.paths import mask_paths, router_paths
 from ..study.record import StageRecord
-from ..study.slims import read_json
+from ..study.slims import feature_drafter_dir, read_json
 from ..training.tier_router import fit_router, save_router
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,10 @@ def _router_cost(router, gamma: int, width: int, repeats: int = 2000) -> float:
     return (time.perf_counter() - start) / repeats
 
 
-def run_router_stage(params: Params, pair_name: str | None = None, progress: bool = True) -> dict:
-    """Collect the rows, fit, write the router and its reliability plot; returns the stage's record."""
+def run_router_stage(params: Params, pair_name: str | None = None, progress: bool = True,
+                     drafter: str = "model") -> dict:
+    """Collect the rows (blocks `drafter` drafted: the draft model, or the feature drafter), fit, write the
+    router and its reliability plot; returns the stage's record."""
     from tqdm.auto import tqdm
 
     from ..models import load_models
@@ -60,12 +63,14 @@ def run_router_stage(params: Params, pair_name: str | None = None, progress: boo
     cfg = router_config(params)
     mask_path = mask_paths(params, pair.name)["mask"]
     keep = read_json(mask_path, "the routing mask")["keep_layers"]
-    models = load_models(pair.target, draft=pair.draft, masks=[mask_path], device=params.device, dtype=pair.dtype,
-                         trust_remote_code=pair.trust_remote_code)
+    feature = drafter == "feature"
+    models = load_models(pair.target, draft=None if feature else pair.draft, masks=[mask_path], device=params.device,
+                         dtype=pair.dtype, trust_remote_code=pair.trust_remote_code,
+                         feature_drafter=feature_drafter_dir(params, pair) if feature else None)
     windows = load_calibration(params.data.dir / "calibration.parquet")[: cfg["prompts"]]
     engine = engine_options(params)
     policy = DecodePolicy(method="viasd", router="oracle", gamma=cfg["gamma"], max_new_tokens=cfg["max_new_tokens"],
-                          eos_token_ids=(), seed=params.seed, **engine)
+                          eos_token_ids=(), seed=params.seed, drafter=drafter, **engine)
     rows, parts = RouterRows(), []
     start = time.perf_counter()
     for k, window in enumerate(tqdm(windows, desc="router: oracle decodes", disable=not progress, unit="prompt")):
@@ -84,14 +89,14 @@ def run_router_stage(params: Params, pair_name: str | None = None, progress: boo
     stats = DecodeStats.merge(parts)
     width = len(router.features) + (data["hidden"].shape[1] if router.probe_layers else 0)
     router.info.update({
-        "pair": pair.name, "keep_layers": keep, "collect": {k: cfg[k] for k in ("gamma", "prompts", "prompt_tokens",
-                                                                                "max_new_tokens")},
+        "pair": pair.name, "drafter": drafter, "keep_layers": keep,
+        "collect": {k: cfg[k] for k in ("gamma", "prompts", "prompt_tokens", "max_new_tokens")},
         "oracle": {"slim_error_rate": stats.slim_error_rate, "position_escalation_rate": stats.position_escalation_rate,
                    "block_escalation_rate": stats.block_escalation_rate, "tokens": stats.new_tokens,
                    "blocks": stats.blocks},
         "collect_seconds": collect_seconds, "fit_seconds": fit_seconds,
         "decision_seconds_per_block": _router_cost(router, cfg["gamma"], width)})
-    paths = router_paths(params, pair.name)
+    paths = router_paths(params, pair.name, drafter)
     save_router(router, paths["router"])
     router_reliability_plot(router.info, paths["plot"])
     metrics = {"rows": router.info["rows"], "heldout_rows": router.info["heldout_rows"],
@@ -102,14 +107,16 @@ def run_router_stage(params: Params, pair_name: str | None = None, progress: boo
                "oracle_position_escalation_rate": stats.position_escalation_rate,
                "collect_seconds": collect_seconds, "fit_seconds": fit_seconds,
                "decision_seconds_per_block": router.info["decision_seconds_per_block"]}
-    return {"pair": pair.name, "config": {**cfg, "probe_layers": router.probe_layers, "l2_draft": router.info["l2"]["draft"],
-                                          "l2_slim": router.info["l2"]["slim"]}, "metrics": metrics,
+    config = {**cfg, "drafter": drafter, "probe_layers": router.probe_layers, "l2_draft": router.info["l2"]["draft"],
+              "l2_slim": router.info["l2"]["slim"]}
+    return {"pair": pair.name, "drafter": drafter, "config": config, "metrics": metrics,
             "artifacts": [paths["router"], paths["plot"]]}
 
 
 def router_record(params: Params, out: dict) -> StageRecord:
     """The router's MLflow run: its settings, held-out AUC and ECE, the router file and reliability plot."""
     pair = params.pair(out["pair"])
-    return StageRecord("train_router", f"train_router/{pair.name}", out["config"], out["metrics"], {}, out["artifacts"],
+    name = pair.name if out.get("drafter", "model") == "model" else f"{pair.name}/drafter_{out['drafter']}"
+    return StageRecord("train_router", f"train_router/{name}", out["config"], out["metrics"], {}, out["artifacts"],
                        inputs=input_files(params, pair) | {"mask": mask_paths(params, pair.name)["mask"],
                                                            "data.calibration": params.data.dir / "calibration.parquet"})

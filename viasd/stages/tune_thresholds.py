@@ -47,7 +47,15 @@ from ..search.workers import SERIAL, Worker, completed_points
 from ..study.cells import engine_options, input_files, search_base, takes_sd_best
 from ..study.paths import router_paths, threshold_paths
 from ..study.record import StageRecord
-from ..study.slims import load_run_models, mask_file, search_order, slim_description, slim_spec, slims_to_tune
+from ..study.slims import (
+    drafter_of,
+    load_run_models,
+    mask_file,
+    search_order,
+    slim_description,
+    slim_spec,
+    slims_to_tune,
+)
 from ..tasks import get_task, load_examples
 from ..tasks.base import TaskError, examples_path, split_by_group
 
@@ -113,7 +121,7 @@ def run_thresholds_stage(params: Params, task: str | None = None, progress: bool
     main_mask = slim_description(params, pair.name, slim_spec("main"))
 
     def twin(slim: str) -> bool:  # a slim ablation whose mask is the DIMR mask: main's search decides it
-        return slim not in ("main", "rules") and "main" in stage_slims and \
+        return slim not in ("main", "rules") and "main" in stage_slims and drafter_of(slim) == "model" and \
             slim_description(params, pair.name, slim_spec(slim)) == main_mask
 
     if search is not None:
@@ -140,9 +148,9 @@ def run_thresholds_stage(params: Params, task: str | None = None, progress: bool
         if twin(slim):
             if not worker.partial:
                 results[slim] = same_mask_as_main(params, pair.name, task, slim, results["main"])
-        else:
-            results[slim] = tune_slim(params, pair, task, slim, progress, shared, common=common, warm_start=warm,
-                                      worker=worker)
+        else:  # another drafter's search starts from its router's diagonal, as main's (not the rules' policies)
+            results[slim] = tune_slim(params, pair, task, slim, progress, shared, common=common,
+                                      warm_start=warm if drafter_of(slim) == "model" else (), worker=worker)
     if records is not None and not worker.partial:
         trials = common.get("trials", {})
         records.extend(threshold_record(params, pair, slim, out, trials.get(out.get("same_mask_as", slim), []))
@@ -246,9 +254,12 @@ def warm_start_points(params: Params, pair: str, task: str, k: int = WARM_START,
 def slim_config(params: Params, slim: str) -> ThresholdConfig:
     """The search settings of one slim's search: `thresholds.rules_trials` for the hand rules' search,
     `ablation_trials` for the other slims', whose searches (and `rules`) use the hand rules only (the
-    router is fitted for the DIMR slim)."""
+    router is fitted for the DIMR slim); another drafter's search (`drafter_feature`) is main's, its router
+    refitted on that drafter's blocks."""
     section = params.thresholds
     cfg = threshold_config(params)
+    if drafter_of(slim) != "model":  # VIA-SD on another drafter: main's search, with that drafter and its router
+        return cfg
     if slim not in ("main", "rules") and section.ablation_trials:
         cfg = replace(cfg, n_trials=section.ablation_trials)
     if slim == "rules" and section.rules_trials:
@@ -301,6 +312,11 @@ def search_signature(params: Params, pair: str, task: str, slim: str, cfg: Thres
                  "slim": slim, "mask": slim_description(params, pair, slim_spec(slim)), "cost_model": COST_MODEL}
     if pass_cost is not None:
         signature["pass_cost_model"] = costs_to_json(pass_cost)
+    if drafter_of(slim) == "feature":  # a retrained feature drafter is a new search
+        from ..study.slims import feature_drafter_dir
+
+        signature["drafter"] = hashlib.sha256(
+            (feature_drafter_dir(params, params.pair(pair)) / "feature_drafter.safetensors").read_bytes()).hexdigest()
     if router_file is not None:  # a refitted router is a new search
         signature["router"] = hashlib.sha256(router_file.read_bytes()).hexdigest() if router_file.exists() else None
     if slim == "main" and wants_self_sd_best(params):  # the file then carries self_sd's best gamma too
@@ -372,9 +388,10 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     (None, or costs that miss one of this slim's layouts: measure); `common` carries the `SharedDev` of
     the first search to the next; `warm_start`: policies tried first (an ablation slim's search)."""
     cfg = slim_config(params, slim)
-    router_file = router_paths(params, pair.name)["router"] if "learned" in cfg.routers else None
-    paths = threshold_paths(params, task, pair.name, slim)
     spec = slim_spec(slim)
+    drafter = drafter_of(slim)
+    router_file = router_paths(params, pair.name, drafter)["router"] if "learned" in cfg.routers else None
+    paths = threshold_paths(params, task, pair.name, slim)
     engine = engine_options(params)
     examples, held_out = dev_examples(params, task)
     signature = search_signature(params, pair.name, task, slim, cfg, pass_cost, router_file, candidates, examples,
@@ -389,15 +406,23 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
         models.router = load_router(router_file)
     max_new = params.max_new_tokens(task)
     common = {} if common is None else common
-    base = search_base(params, task)
+    base = replace(search_base(params, task), drafter=drafter)
+
+    def shared(key: str):  # the target's references are every search's; the SD points are the drafter's own
+        own = key if drafter == "model" else f"{key}-{drafter}"
+        if own not in common and key in common and own != key:
+            return replace(common[key], tiers_off=None)
+        return common.get(own)
+
+    own_key = "" if drafter == "model" else f"-{drafter}"
     dev = DevSet(models, examples, max_new, get_task(task).stop_strings, pass_cost, task=get_task(task), engine=engine,
-                 shared=common.get("dev"), base=base)
-    common["dev"] = dev.shared
+                 shared=shared("dev"), base=base)
+    common["dev" + own_key] = dev.shared
     confirm = None
     if held_out and not worker.partial:  # the choice is confirmed by the stage's final (serial) run
         confirm = DevSet(models, held_out, max_new, get_task(task).stop_strings, dev.pass_cost, task=get_task(task),
-                         engine=engine, shared=common.get("confirm"), base=base)
-        common["confirm"] = confirm.shared
+                         engine=engine, shared=shared("confirm"), base=base)
+        common["confirm" + own_key] = confirm.shared
     log.info("tuning thresholds for %s on %s with slim %s", pair.name, task, slim)
     # the study is named by what its trials depend on: not the fields that only select among them (CHOICE_FIELDS),
     # the candidates of another search (they compete in the choice, not in the search) or the held-out prompts
@@ -420,7 +445,7 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     # (its cost calibrated with the search's factors, as every candidate's)
     factors = out["wall_factors"]
     oracle = min((calibrated(p, factors) for p in oracle_points(dev, cfg)), key=lambda t: t["cost_per_token"]) \
-        if slim == "main" and dev.base.sampling.greedy else None
+        if (slim == "main" or drafter != "model") and dev.base.sampling.greedy else None
     # and the budgeted oracle at the fidelity floor: the ceiling of a router that spends the same fidelity
     at_floor = budgeted_oracle_point(dev, cfg, oracle["gamma"]) if oracle is not None else None
     at_floor = at_floor and calibrated(at_floor, factors)

@@ -115,11 +115,12 @@ def tuned_settings(params: Params, pair: str, task: str, slim: str = "main", req
     return {k: tuned[k] for k in TUNED_FIELDS if k in tuned}
 
 
-def load_pair_router(params: Params, pair: str):
-    """The pair's learned router (`viasd train-router`), for policies tuned with `router: learned`."""
+def load_pair_router(params: Params, pair: str, drafter: str = "model"):
+    """The pair's learned router (`viasd train-router`) fitted on `drafter`'s blocks, for policies tuned with
+    `router: learned`."""
     from ..training.tier_router import load_router
 
-    return load_router(router_paths(params, pair)["router"])
+    return load_router(router_paths(params, pair, drafter)["router"])
 
 
 def fidelity_floor(params: Params) -> float | None:
@@ -192,7 +193,7 @@ class GridCell:
         policy = policy or self.policy()
         models = load_run_models(self.params, self.params.pair(self.pair), self.run, self.inputs.get("mask"), device)
         if policy.router == "learned":
-            models.router = load_pair_router(self.params, self.pair)
+            models.router = load_pair_router(self.params, self.pair, policy.drafter)
         return models
 
 

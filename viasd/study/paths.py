@@ -124,7 +124,10 @@ def report_paths(params: Params) -> dict:
     return out
 
 
-def router_paths(params: Params, pair: str) -> dict:
-    """The learned router of the pair's DIMR slim (`viasd train-router`) and its reliability plot."""
-    return {"router": params.models_dir / "routers" / pair / "main.json",
-            "plot": params.reports_dir / "router" / pair / "reliability.png"}
+def router_paths(params: Params, pair: str, drafter: str = "model") -> dict:
+    """The learned router of the pair's DIMR slim (`viasd train-router`) and its reliability plot, fitted on blocks
+    the `drafter` drafted (`model`: the draft model's, `main.json`; `feature`: the feature drafter's)."""
+    name = "main" if drafter == "model" else f"drafter_{drafter}"
+    return {"router": params.models_dir / "routers" / pair / f"{name}.json",
+            "plot": params.reports_dir / "router" / pair / ("reliability.png" if drafter == "model"
+                                                             else f"reliability-{name}.png")}

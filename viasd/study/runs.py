@@ -19,7 +19,7 @@ Ablations:
   drafter_feature                                   the feature drafter (EAGLE-3-style, on the target's shared
                                                     trunk; `viasd train-drafter`) drafts in the draft model's
                                                     place: `sd` at its own best gamma with it on dev, `viasd`
-                                                    with the thresholds tuned for the draft model
+                                                    with its own router and threshold search
 """
 
 from __future__ import annotations

@@ -44,9 +44,12 @@ def per_slim(params: Params) -> bool:
 
 def threshold_slim(params: Params, spec: RunSpec) -> str:
     """Whose tuned thresholds a `viasd` run reads: `rules` for the hand-rules ablation (the DIMR slim's
-    thresholds searched without the learned router), else its slim's (`main` without `thresholds.per_slim`)."""
+    thresholds searched without the learned router), `drafter_feature` for VIA-SD on the feature drafter (the DIMR
+    slim, searched with that drafter and its own router), else its slim's (`main` without `thresholds.per_slim`)."""
     if spec.ablation == "rules":
         return "rules"
+    if spec.drafter != "model":  # VIA-SD on another drafter: its own search, with a router fitted on its blocks
+        return spec.ablation
     return slim_name(params, spec) if per_slim(params) else "main"
 
 
@@ -59,6 +62,22 @@ def slims_to_tune(params: Params) -> list[str]:
         if spec.method == "viasd" and threshold_slim(params, spec) not in slims:
             slims.append(threshold_slim(params, spec))
     return slims
+
+
+def drafter_of(slim: str) -> str:
+    """The drafter a threshold search drafts with: `feature` for `drafter_feature`, else the draft model."""
+    return slim_spec(slim).drafter if slim not in ("main", "rules") else "model"
+
+
+def router_drafters(params: Params) -> list[str]:
+    """The drafters a learned router is fitted for: the draft model's, and each other drafter a `viasd` run of
+    the grid drafts with (its router is refitted on its own blocks)."""
+    out = ["model"]
+    for run in params.study.runs:
+        spec = parse_run(run)
+        if spec.method == "viasd" and spec.drafter not in out:
+            out.append(spec.drafter)
+    return out
 
 
 def search_order(slims: list[str]) -> list[str]:

@@ -6,6 +6,8 @@ rule train_router:
         f"{DATA}/calibration.parquet",
         models=lambda w: pair_models(w.pair, ["target", "draft"]),
         masks=f"{MODELS}/masks/{{pair}}",
+        # a viasd-drafter_feature run: a router refitted on the feature drafter's blocks too
+        drafter=lambda w: feature_drafter(w.pair, ["viasd"]),
     output:
         router=directory(f"{MODELS}/routers/{{pair}}"),
         plots=report(
