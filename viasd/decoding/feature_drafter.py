@@ -227,7 +227,8 @@ class FeatureDraftRunner(ModelRunner):
 
     def _feed(self, ids: torch.Tensor, upto: int) -> torch.Tensor:
         """Feed drafter positions `positions..upto-2`: those the trunk has run in one pass with their true
-        features, then (drafting on) one at a time from its own outputs. Returns the last pass's logits `[r, V]`."""
+        features, then (drafting on) one at a time from its own outputs. Returns the logits of the last position
+        fed, `[1, V]`."""
         last = upto - 2  # the position whose output predicts x_upto
         assert last >= self.positions, (self.positions, upto)
         logits = None
@@ -238,7 +239,8 @@ class FeatureDraftRunner(ModelRunner):
         if true_end > self.positions:
             a, b = self.positions, true_end
             with self.timed(b - a):
-                out, g = self.model(self.trunk.features[:, a:b], ids[:, a + 1 : b + 1], cache=self.cache)
+                out, g = self.model(self.trunk.features[:, a:b], ids[:, a + 1 : b + 1], cache=self.cache,
+                                    logits_to_keep=1)  # the head on the last row only: the next draft token's
             logits = out[0, :, : self.vocab_size].float()
             self._advanced(b - a, g, exact=True)
         while self.positions <= last:
