@@ -13,6 +13,10 @@ def test_default_and_smoke_parse():
     assert default.family.name == "default" and default.family.target.layers == 12
     smoke = config.load(REPO / "params.yaml", [REPO / "config" / "smoke.yaml"])
     assert smoke.family.name == "smoke" and smoke.data.max_files == 60
+    # config/drafters.yaml: the default grid and the feature drafter's two runs, kept in step with params.yaml
+    drafters = config.load(REPO / "params.yaml", [REPO / "config" / "drafters.yaml"])
+    assert list(drafters.study.runs) == [*default.study.runs, "sd-drafter_feature", "viasd-drafter_feature"]
+    assert default.family.feature_drafter.trunk_layers == 6 and smoke.family.feature_drafter.trunk_layers == 2
 
 
 @pytest.mark.parametrize("override,needle", [
@@ -25,6 +29,8 @@ def test_default_and_smoke_parse():
     ({"thresholds": {"confirm_prompts": 3}}, "tasks.stdlib_continuation.dev_prompts: 4 dev prompts, but the threshold "
                                              "search decodes thresholds.dev_prompts + confirm_prompts = 5"),
     ({"train": {"batch_size": 0}}, "train.batch_size: 0 is less than the minimum of 1"),
+    ({"models": {"families": {"smoke": {"feature_drafter": {"trunk_layers": 4}}}}},
+     "feature_drafter.trunk_layers: 4 is not fewer than the target's 4 layers"),
     ({"train": {"bogus": 1}}, "Additional properties are not allowed ('bogus' was unexpected)"),
 ])
 def test_malformed_params_name_the_key(tmp_path, override, needle):
