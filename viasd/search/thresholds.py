@@ -99,9 +99,11 @@ CHOICE_FIELDS = ("min_gain", "cost_resolution", "confirm_candidates", "fidelity_
 def searched_space(cfg: ThresholdConfig) -> dict:
     """`cfg` as a dict, without the fields of the routers this search does not draw (`ROUTER_FIELDS`): what a
     search's result depends on, so a change to the learned router's `tau_router` leaves the hand rules' and the
-    slim ablations' searches (`routers: [rules]`) up to date, and their Optuna studies resumable. The Optuna
-    study's own name also leaves out `CHOICE_FIELDS`."""
+    slim ablations' searches (`routers: [rules]`) up to date, and their Optuna studies resumable; a closed
+    `draft_stop` range (not searched) is left out too. The Optuna study's own name also leaves out `CHOICE_FIELDS`."""
     unused = {f for router, fields in ROUTER_FIELDS.items() if router not in cfg.routers for f in fields}
+    if cfg.draft_stop[1] <= cfg.draft_stop[0]:  # not searched: the same search as one before the field existed
+        unused.add("draft_stop")
     return {k: v for k, v in asdict(cfg).items() if k not in unused}
 
 
@@ -145,6 +147,7 @@ def _suggest_switched(trial, name: str, bounds: tuple[float, float]) -> float:
 
 
 POLICY_KEYS = TUNED_FIELDS
+POLICY_DEFAULTS = {k: getattr(DecodePolicy(), k) for k in POLICY_KEYS}
 
 
 def _point(policy: DecodePolicy, measured: dict, cfg: ThresholdConfig, **extra) -> dict:
@@ -361,7 +364,8 @@ def tune_thresholds(dev: DevSet, cfg: ThresholdConfig, storage, study_name: str,
         t.pop("surplus", None)
     # `candidates`: trials of another search on the same dev prompts and per-pass costs (e.g. the hand rules'
     # own search), which compete in the choice below
-    candidates = sd_points + trials + list(candidates)
+    # a point stored before a tuned field existed (e.g. `draft_stop`) ran at that field's default
+    candidates = [{**POLICY_DEFAULTS, **p} for p in (*sd_points, *trials, *candidates)]
     # the model calibrated per gamma on these decodes' wall time (`search.wall_calibration`): what the choice ranks
     factors = wall_factors(candidates)
     log.info("cost model calibrated on the dev decodes' wall time: factor per gamma %s",
