@@ -16,7 +16,7 @@ def test_default_and_smoke_parse():
     # config/drafters.yaml: the default grid and the feature drafter's two runs, kept in step with params.yaml
     drafters = config.load(REPO / "params.yaml", [REPO / "config" / "drafters.yaml"])
     assert list(drafters.study.runs) == [*default.study.runs, "sd-drafter_feature", "viasd-drafter_feature"]
-    assert default.family.feature_drafter.trunk_layers == 6 and smoke.family.feature_drafter.trunk_layers == 2
+    assert default.family.feature_drafter.trunk_layers == 6 and smoke.family.feature_drafter.trunk_layers == 1
 
 
 @pytest.mark.parametrize("override,needle", [
