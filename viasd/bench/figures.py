@@ -172,7 +172,7 @@ def _closed_form(s: DecodeStats, step: float) -> float | None:
 
 def markdown(result: dict, title: str) -> str:
     lines = [f"# {title}\n", "| method | tokens/s (median) | min–max | fidelity | outputs ≠ ar | task metric | task drop (SE) | "
-             "acceptance | mean acc. length | target passes/token | slim passes/token | draft passes/token | peak MB |",
+             "acceptance | mean acc. length | target passes/token | slim passes/token | drafter passes/token | peak MB |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(x, p=3):
@@ -193,7 +193,8 @@ def markdown(result: dict, title: str) -> str:
         lines.append(f"| {name} | {f(tps['median'], 1)} | {f(tps['min'], 1)}–{f(tps['max'], 1)} | "
                      f"{f(q.get('fidelity'))} | {differing(q)} | {f(q.get('task_score'), 2)} | {drop(q)} | "
                      f"{f(row['acceptance_rate'])} | {f(row['mean_accepted_length'])} | {f(fp.get('target'))} | "
-                     f"{f(fp.get('slim'))} | {f(fp.get('draft'))} | {f(row['peak_memory_mb'], 0)} |")
+                     f"{f(fp.get('slim'))} | {f(fp.get('feature') or fp.get('draft'))} | "  # a feature drafter's
+                     f"{f(row['peak_memory_mb'], 0)} |")
     for name, own in result.get("baseline_settings", {}).items():
         lines.append(f"\n{name} runs at its own best setting on dev: " + ", ".join(f"{k} {v}" for k, v in own.items()))
     for tie in result.get("numerical_ties", []):
