@@ -28,6 +28,8 @@ rule all:
     default_target: True
     input:
         rules.report.output,
+        # every drafter of study.drafters, as DVC's train_drafter stages build them (none by default)
+        expand(f"{MODELS}/{FAMILY}/{{drafter}}_drafter", drafter=STUDY.get("drafters", [])),
 
 
 # One MLflow parent run per invocation: every job's stage run is nested under it (the jobs inherit the

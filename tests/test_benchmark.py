@@ -23,7 +23,8 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     result = json.loads(bench_paths(params, "smoke", "stdlib_continuation")["json"].read_text())
     from viasd.study.paths import threshold_paths
 
-    methods = ["hf_ar", "hf_assisted", "hf_assisted_fixed", "ar", "sd", "self_sd", "cascade_sd", "spec_cascade", "viasd",
+    methods = ["hf_ar", "hf_assisted", "hf_assisted_fixed", "hf_assisted_heuristic", "ar", "sd", "self_sd", "cascade_sd",
+               "spec_cascade", "viasd",
                "viasd-oracle", "viasd-oracle_budget"]
     # the hand rules' own tuned policy, when the session's study folder holds its search
     methods += ["viasd-rules"] if threshold_paths(params, "stdlib_continuation", "smoke", "rules")["json"].exists() else []

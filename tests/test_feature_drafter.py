@@ -31,7 +31,7 @@ def test_feature_layers_are_low_middle_high_of_the_trunk():
     assert feature_layers(2) == (0, 1) and feature_layers(1) == (0,)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_greedy_sd_and_viasd_with_a_feature_drafter_equal_transformers(model_sets, tokenizer, arch):
     """`sd` splits the full model at the drafter's trunk (the verification runs layers k..L-1 after it); `viasd`
     shares the slim's trunk (a prefix mask: the early exit) with the drafter and the full model. Every token is
@@ -50,12 +50,12 @@ def test_greedy_sd_and_viasd_with_a_feature_drafter_equal_transformers(model_set
             check_accounting(sd.stats)
             assert sd.stats.passes["trunk"] > 0 and sd.stats.layer_tokens["target"] == \
                 (L - 2) * sd.stats.tokens_processed["target"]
-            for taus in ((0.5, 0.5), (float("inf"), 0.3)):
+            for taus in ((0.5, 0.5), (float("inf"), float("inf"))):  # tiers on (lossy: accounting), off (= sd)
                 policy = DecodePolicy(method="viasd", gamma=gamma, max_new_tokens=N_NEW, eos_token_ids=(), reuse=True,
                                       tau_accept=taus[0], tau_slim=taus[1], score="ratio_argmax", verify_lagged=True)
                 out = decode(ids, policy, models.target, models.vocab_size, draft=drafter, slims=[slim])
                 check_accounting(out.stats)
-                if policy.tiers_off or out.stats.accepted_slim + out.stats.slim_generated == 0:
+                if policy.tiers_off:
                     assert out.token_ids == reference
     # the capture hooks leave with the decode
     stack = models.target.model.layers

@@ -277,6 +277,7 @@ def test_the_dynamic_draft_length_is_searched_only_where_its_range_is_open():
     study.tell(trial, 1.0)
     open_ = ThresholdConfig(routers=("learned",), gamma=(3,), tau_router=(0.6, 0.99), draft_stop=(0.0, 0.5),
                             gate=(0.0, 0.0), max_lag=(0,), verify_lagged=(True,), verify_block=(False,))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     drawn = []
     for _ in range(12):
         trial = study.ask()

@@ -127,6 +127,9 @@ def _check_semantics(raw: dict, source: str) -> None:
                 if pair in hub and not hub[pair].get("independent"):
                     raise ConfigError(f"{source}: study.runs.{i}: {run!r} needs an independent model, and "
                                       f"models.hub_pairs.{pair}.independent is not set")
+        if spec.drafter != "model" and spec.drafter not in study.get("drafters", []):
+            raise ConfigError(f"{source}: study.runs.{i}: {run!r} drafts with the {spec.drafter} drafter: add "
+                              f"{spec.drafter} to study.drafters (its training stage)")
         floor = ((raw.get("thresholds") or {}).get("quality") or {}).get("min_fidelity")
         if spec.ablation == "oracle_budget" and floor_budget(floor) is None:
             raise ConfigError(f"{source}: study.runs.{i}: {run!r} spends the fidelity budget down to "
@@ -237,6 +240,9 @@ class StudyParams:
     pairs: tuple[str, ...] = ()
     tasks: tuple[str, ...] = ()
     runs: tuple[str, ...] = ()
+    # drafters trained beside the family's models (`viasd train-drafter --drafter feature`): what the runs with a
+    # drafter_<name> ablation draft with, a list so that DVC's stage can be a `foreach` over it (empty: none)
+    drafters: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}

@@ -65,8 +65,9 @@ def _train_model(args) -> int:
 
 
 def add_train_drafter(sub) -> None:
-    stage_parser(sub, "train-drafter", "train the default family's feature drafter (EAGLE-3-style, on the target's "
-                 "shared trunk) for the runs with a drafter_feature ablation", _train_drafter)
+    p = stage_parser(sub, "train-drafter", "train the default family's feature drafter (EAGLE-3-style, on the "
+                     "target's shared trunk) for the runs with a drafter_feature ablation", _train_drafter)
+    p.add_argument("--drafter", choices=["feature"], default="feature", help="which drafter (one of study.drafters)")
 
 
 def _train_drafter(args) -> int:

@@ -35,7 +35,7 @@ from torch import nn
 from ..errors import UnsupportedArchitectureError
 from .runner import ModelRunner
 from .seq2seq import text_config
-from .slim import _routed_config, find_layer_stack
+from .slim import find_layer_stack, routed_config
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class FeatureDrafter(nn.Module):
         hidden = config.hidden_size
         self.fuse = nn.Linear(len(self.layers) * hidden, hidden, bias=False)
         self.w_in = nn.Linear(2 * hidden, hidden, bias=False)
-        body_config = _routed_config(config, (0,))  # one layer of the target's kind, per-layer lists cut to it
+        body_config = routed_config(config, (0,))  # one layer of the target's kind, per-layer lists cut to it
         body_config.vocab_size = 1  # it is fed embeddings: no token table of its own
         body_config.pad_token_id = None
         self.body = AutoModel.from_config(body_config)

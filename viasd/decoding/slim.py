@@ -185,7 +185,7 @@ class RoutingMask:
         return len(self.keep_layers) / self.num_layers
 
 
-def _routed_config(config, keep: tuple[int, ...]):
+def routed_config(config, keep: tuple[int, ...]):
     """A copy of `config` describing the kept layers only; the target's config is left untouched."""
     depth = decoder_depth_key(config) or "num_hidden_layers"  # an encoder-decoder model: its decoder's depth
     n = getattr(config, depth)
@@ -210,7 +210,7 @@ def routed_view(target: nn.Module, keep, config=None, base: bool = False, final_
     when the final norm cannot be found by name.
     """
     path = find_layer_stack(target)
-    config = config if config is not None else _routed_config(decoder_config(target), tuple(keep))
+    config = config if config is not None else routed_config(decoder_config(target), tuple(keep))
     install_output_hooks(target, path)
     root = view_of(target)
     parent = root
@@ -275,7 +275,7 @@ class SlimVerifier:
                             f"{num_encoder_layers(target)}")
         self.mask = mask
         self.target = target
-        self.config = _routed_config(decoder_config(target), mask.keep_layers)
+        self.config = routed_config(decoder_config(target), mask.keep_layers)
         self.model = routed_view(target, mask.keep_layers, self.config, encoder_keep=mask.encoder_keep_layers)
 
     def __call__(self, input_ids, cache=None, **kwargs):

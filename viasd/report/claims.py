@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..io import write_text
 from ..metrics.speed import describe, run_vs
 from .tables import fmt, markdown
 
@@ -86,3 +87,14 @@ def dimr_seconds(benchmarks: Path, pair: str) -> float | None:
 def claims_table(rows: list[dict]) -> str:
     return markdown(rows, (("task", "task"), ("claim", "claim"), ("source", "the source"), ("ours", "this study"),
                            ("quality", "quality beside it")))
+
+
+def claims_section(rows: list[dict], path: Path) -> list[str]:
+    """The claims table, written to `path`, and its section of the summary (empty without rows)."""
+    if not rows:
+        return []
+    write_text(path, f"# The source's claims beside this study's test figures\n\n{claims_table(rows)}")
+    return ["## The source's claims, beside this study's\n",
+            "Each of the VIA-SD paper's claims with what this study measured on the test split (read, not chosen on); "
+            "\"the best speculative decoding\" is the fastest lossless run of this grid on these prompts.\n",
+            claims_table(rows)]

@@ -29,7 +29,7 @@ import json
 from ..config import Params
 from ..errors import StudyInputError
 from ..io import write_json, write_text
-from ..report.claims import claim_rows, claims_table, dimr_seconds
+from ..report.claims import claim_rows, claims_section, dimr_seconds
 from ..report.family import family_rows, family_table, router_summary
 from ..report.headline import INTRO, headline
 from ..report.headroom import oracle_headroom
@@ -134,12 +134,7 @@ def run_report_stage(params: Params) -> dict:
                     "much closer to the target than the draft is.\n", table,
                     f"DIMR search of `{pair}`: ![search](dimr/{pair}/search.png) ![layers](dimr/{pair}/layers.png)\n",
                     router_summary(params, pair)]
-    if claims:
-        write_text(paths["claims.md"], f"# The source's claims beside this study's test figures\n\n{claims_table(claims)}")
-        summary += ["## The source's claims, beside this study's\n",
-                    "Each of the VIA-SD paper's claims with what this study measured on the test split (read, not "
-                    "chosen on); \"the best speculative decoding\" is the fastest lossless run of this grid on these "
-                    "prompts.\n", claims_table(claims)]
+    summary += claims_section(claims, paths["claims.md"])
     summary += stage_times_section(params, paths)
     write_json(paths["metrics"], figures)
     write_text(paths["summary"], "\n".join(summary))

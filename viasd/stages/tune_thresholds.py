@@ -404,25 +404,16 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
         from ..training.tier_router import load_router
 
         models.router = load_router(router_file)
-    max_new = params.max_new_tokens(task)
     common = {} if common is None else common
     base = replace(search_base(params, task), drafter=drafter)
-
-    def shared(key: str):  # the target's references are every search's; the SD points are the drafter's own
-        own = key if drafter == "model" else f"{key}-{drafter}"
-        if own not in common and key in common and own != key:
-            return replace(common[key], tiers_off=None)
-        return common.get(own)
-
-    own_key = "" if drafter == "model" else f"-{drafter}"
-    dev = DevSet(models, examples, max_new, get_task(task).stop_strings, pass_cost, task=get_task(task), engine=engine,
-                 shared=shared("dev"), base=base)
-    common["dev" + own_key] = dev.shared
+    dev = DevSet(models, examples, params.max_new_tokens(task), get_task(task).stop_strings, pass_cost,
+                 task=get_task(task), engine=engine, shared=_shared(common, "dev", drafter), base=base)
+    common[_shared_key("dev", drafter)] = dev.shared
     confirm = None
     if held_out and not worker.partial:  # the choice is confirmed by the stage's final (serial) run
-        confirm = DevSet(models, held_out, max_new, get_task(task).stop_strings, dev.pass_cost, task=get_task(task),
-                         engine=engine, shared=shared("confirm"), base=base)
-        common["confirm" + own_key] = confirm.shared
+        confirm = DevSet(models, held_out, params.max_new_tokens(task), get_task(task).stop_strings, dev.pass_cost,
+                         task=get_task(task), engine=engine, shared=_shared(common, "confirm", drafter), base=base)
+        common[_shared_key("confirm", drafter)] = confirm.shared
     log.info("tuning thresholds for %s on %s with slim %s", pair.name, task, slim)
     # the study is named by what its trials depend on: not the fields that only select among them (CHOICE_FIELDS),
     # the candidates of another search (they compete in the choice, not in the search) or the held-out prompts
@@ -451,21 +442,7 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
     at_floor = at_floor and calibrated(at_floor, factors)
     result = {**result_json(out, cfg, oracle, signature, at_floor), "task": task, "pair": pair.name, "slim": slim,
               "confirm": {"prompts": len(held_out), "checks": out["confirm"]}}
-    if signature.get("self_sd_best"):  # self_sd's own fastest gamma on these dev prompts, by measured wall time
-        best_self = min(self_sd_points(dev, cfg), key=lambda t: t["decode_wall_per_token"])
-        result["self_sd_best"] = {k: best_self.get(k) for k in BASELINE_KEYS}
-    if "sd_drafter_feature_best" in signature:  # SD's fastest gamma with the feature drafter, by measured wall time
-        from ..decoding.feature_drafter import load_feature_drafter
-        from ..study.slims import feature_drafter_dir
-
-        models.feature_drafter = load_feature_drafter(feature_drafter_dir(params, pair), models.target)
-        best_feature = min(feature_sd_points(dev, cfg), key=lambda t: t["decode_wall_per_token"])
-        result["sd_drafter_feature_best"] = {k: best_feature.get(k) for k in BASELINE_KEYS}
-    if signature.get("cascade_sd_best"):  # cascade_sd's fastest gamma_slim at SD's best gamma, by measured wall time
-        points = cascade_sd_points(dev, cfg, result["sd_best"]["gamma"])
-        best_cascade = min(points, key=lambda t: t["decode_wall_per_token"])
-        result["cascade_sd_best"] = {**{k: best_cascade.get(k) for k in ("gamma_slim", *BASELINE_KEYS)},
-                                     "searched": {str(p["gamma_slim"]): p["decode_wall_per_token"] for p in points}}
+    result.update(baseline_bests(params, pair, dev, cfg, signature, result["sd_best"]["gamma"]))
     if best["tiers_off"]:
         log.info("thresholds %s: tiers off (plain SD at gamma %d) is the cheapest policy that meets %s",
                  paths["json"], best["gamma"], cfg.quality.describe())
@@ -474,3 +451,40 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
                   f"VIA-SD thresholds, {pair.name} on {task} (dev), slim: {slim}")
     write_json(paths["json"], result)
     return result
+
+
+def _shared_key(key: str, drafter: str) -> str:
+    return key if drafter == "model" else f"{key}-{drafter}"
+
+
+def _shared(common: dict, key: str, drafter: str):
+    """The `SharedDev` a search of `drafter` reuses from an earlier search of the stage: the target's references
+    are every search's; the tiers-off (SD) points are its drafter's own."""
+    own = _shared_key(key, drafter)
+    if own not in common and key in common and own != key:
+        return replace(common[key], tiers_off=None)
+    return common.get(own)
+
+
+def baseline_bests(params: Params, pair: Pair, dev: DevSet, cfg: ThresholdConfig, signature: dict,
+                   sd_gamma: int) -> dict:
+    """The lossless baselines' own best settings on the search's dev prompts, by measured wall time, for the ones
+    the signature asks for (`BASELINE_BESTS`): self_sd's gamma, SD's gamma with the feature drafter, cascade_sd's
+    gamma_slim at SD's best gamma (`sd_gamma`)."""
+    out = {}
+    if signature.get("self_sd_best"):
+        best = min(self_sd_points(dev, cfg), key=lambda t: t["decode_wall_per_token"])
+        out["self_sd_best"] = {k: best.get(k) for k in BASELINE_KEYS}
+    if "sd_drafter_feature_best" in signature:
+        from ..decoding.feature_drafter import load_feature_drafter
+        from ..study.slims import feature_drafter_dir
+
+        dev.models.feature_drafter = load_feature_drafter(feature_drafter_dir(params, pair), dev.models.target)
+        best = min(feature_sd_points(dev, cfg), key=lambda t: t["decode_wall_per_token"])
+        out["sd_drafter_feature_best"] = {k: best.get(k) for k in BASELINE_KEYS}
+    if signature.get("cascade_sd_best"):
+        points = cascade_sd_points(dev, cfg, sd_gamma)
+        best = min(points, key=lambda t: t["decode_wall_per_token"])
+        out["cascade_sd_best"] = {**{k: best.get(k) for k in ("gamma_slim", *BASELINE_KEYS)},
+                                  "searched": {str(p["gamma_slim"]): p["decode_wall_per_token"] for p in points}}
+    return out

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..decoding.feature_drafter import FeatureDrafter, TrunkFeatures
-from .train import _step_generator, autocast, batch_at
+from .train import autocast, batch_at, step_generator
 
 log = logging.getLogger(__name__)
 
@@ -156,10 +156,10 @@ def train_feature_drafter(target, train_stream: np.ndarray, test_stream: np.ndar
             if continuations is None:
                 ids = batch_at(train_stream, step, batch_size, seq_len, seed, ROLE).to(device)
             else:
-                rows = torch.randint(0, len(continuations), (batch_size,), generator=_step_generator(seed, ROLE, step))
+                rows = torch.randint(0, len(continuations), (batch_size,), generator=step_generator(seed, ROLE, step))
                 ids = continuations[rows].to(device)
             cut = int(torch.randint(seq_len // 4, seq_len - ttt_steps, (1,),
-                                    generator=_step_generator(seed, ROLE + ":cut", step)))
+                                    generator=step_generator(seed, ROLE + ":cut", step)))
             with precision_ctx:
                 feats, logp = target_pass(target, capture, ids)
                 loss, per_depth = drafter_loss(drafter, feats, logp, ids, cut, ttt_steps)

@@ -70,14 +70,14 @@ def load_token_stream(data_dir: Path, split: str) -> np.ndarray:
     return np.concatenate([np.asarray(chunk.values, dtype=np.int64) for chunk in column.chunks])
 
 
-def _step_generator(seed: int, role: str, step: int) -> torch.Generator:
+def step_generator(seed: int, role: str, step: int) -> torch.Generator:
     key = int.from_bytes(hashlib.sha256(f"{seed}:{role}:{step}".encode()).digest()[:8], "big") % (2**63)
     return torch.Generator().manual_seed(key)
 
 
 def batch_at(stream: np.ndarray, step: int, batch: int, seq_len: int, seed: int, role: str) -> torch.Tensor:
     """`[batch, seq_len + 1]` token windows for `step` (inputs are `[:, :-1]`, labels `[:, 1:]`)."""
-    g = _step_generator(seed, role, step)
+    g = step_generator(seed, role, step)
     starts = torch.randint(0, len(stream) - seq_len - 1, (batch,), generator=g).tolist()
     return torch.from_numpy(np.stack([stream[s : s + seq_len + 1] for s in starts]))
 
@@ -98,7 +98,7 @@ def drop_rates(n_layers: int, p: float, shape: str = "uniform") -> list[float]:
 
 def kept_layers(n_layers: int, p: float, step: int, seed: int, role: str, shape: str = "uniform") -> list[int]:
     """Layer 0 always; layer `l` kept with probability `1 - drop_rates(...)[l]`."""
-    g = _step_generator(seed, role + ":drop", step)
+    g = step_generator(seed, role + ":drop", step)
     draws = torch.rand(n_layers, generator=g).tolist()
     rates = drop_rates(n_layers, p, shape)
     return [0] + [i for i in range(1, n_layers) if draws[i] >= rates[i]]
@@ -114,7 +114,7 @@ def exit_point(keep: list[int], step: int, seed: int, role: str, layer: int | No
         return below if 0 < below < n_kept else None
     if n_kept < 2:
         return None
-    g = _step_generator(seed, role + ":exit", step)
+    g = step_generator(seed, role + ":exit", step)
     return int(torch.randint(1, n_kept, (1,), generator=g))
 
 

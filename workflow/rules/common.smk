@@ -40,6 +40,7 @@ wildcard_constraints:
     run="[a-z_]+(-[a-z0-9_]+)?",
     role="target|draft|independent",
     split="dev|test",
+    drafter="feature",
     k="[0-9]+",
     search="[a-z0-9_]+",
 

@@ -28,17 +28,17 @@ rule train_model:
 
 
 rule train_drafter:
-    """The family's feature drafter (EAGLE-3-style, on the target's shared trunk): built when a run of the grid
-    drafts with it (a drafter_feature ablation), or by name (`snakemake ... train_drafter`)."""
+    """A drafter of study.drafters for the family's target (the feature drafter: EAGLE-3-style, on the target's
+    shared trunk), for the runs that draft with it (``sd-drafter_feature``, ``viasd-drafter_feature``)."""
     input:
         CORPUS,
         target=pair_models(FAMILY, ["target"]),
     output:
-        directory(f"{MODELS}/{FAMILY}/feature_drafter"),
+        directory(f"{MODELS}/{FAMILY}/{{drafter}}_drafter"),
     params:
         viasd=VIASD_ARGS,
         seed=config["seed"],
-        arch=lambda w: config["models"]["families"][FAMILY].get("feature_drafter"),
+        arch=lambda w: config["models"]["families"][FAMILY].get(f"{w.drafter}_drafter"),
         train=config["train"],
     threads: 4
     resources:
@@ -46,10 +46,10 @@ rule train_drafter:
         mem_mb=8000,
         runtime=120,
     log:
-        "logs/train_drafter/feature_drafter.log",
+        "logs/train_drafter/{drafter}.log",
     benchmark:
-        "benchmarks/train_drafter/feature_drafter.tsv"
+        "benchmarks/train_drafter/{drafter}.tsv"
     conda:
         "../envs/viasd.yaml"
     shell:
-        "OMP_NUM_THREADS={threads} viasd train-drafter {params.viasd} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} viasd train-drafter {params.viasd} --drafter {wildcards.drafter} > {log} 2>&1"

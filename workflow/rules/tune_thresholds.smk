@@ -6,8 +6,8 @@ rule tune_thresholds:
         models=lambda w: pair_models(w.pair, ["target", "draft", "independent"]),
         masks=f"{MODELS}/masks/{{pair}}",
         router=f"{MODELS}/routers/{{pair}}",
-        # sd-drafter_feature decodes at SD's best gamma with the feature drafter, which the search measures
-        drafter=lambda w: feature_drafter(w.pair, ["sd"]),
+        # sd-drafter_feature at SD's best gamma with the feature drafter, viasd-drafter_feature's own search
+        drafter=lambda w: feature_drafter(w.pair, ["sd", "viasd"]),
         workers=lambda w: search_workers("thresholds", f"{w.pair}-{w.task}"),
         searches=lambda w: search_parts(w.pair, w.task),
     output:
