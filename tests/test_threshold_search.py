@@ -427,7 +427,8 @@ def test_the_feature_drafter_axis_through_the_stages(study, tmp_path):
     shutil.copytree(params.models_dir, models)
     runs = ["ar", "sd", "sd-drafter_feature", "viasd", "viasd-drafter_feature"]
     grid = config.load(smoke_params(tmp_path, {"data": {"dir": str(params.data.dir)}, "models": {"dir": str(models)},
-                                               "study": {"runs": runs, "reports": str(tmp_path / "reports")}}))
+                                               "study": {"runs": runs, "reports": str(tmp_path / "reports"),
+                                                         "drafters": ["feature"]}}))
     from viasd.errors import StudyInputError
 
     with pytest.raises(StudyInputError, match="no feature drafter at"):
