@@ -165,7 +165,7 @@ class FeatureDrafterArch:
     train_tokens: int
     lr: float
     ttt_steps: int = 3
-    continuation_windows: int = 1024  # the target's greedy continuations it trains on (0: corpus windows)
+    continuation_windows: int = 512  # the target's greedy continuations it trains on (0: corpus windows)
 
 
 @dataclass(frozen=True)
