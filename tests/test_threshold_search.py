@@ -375,6 +375,10 @@ def test_a_self_sd_run_decodes_at_its_own_best_gamma_on_dev(study, tmp_path):
     assert cascade["decode_wall_per_token"] == min(cascade["searched"].values())
     policy = run_policy(params, "smoke", "stdlib_continuation", "cascade_sd")
     assert (policy.gamma, policy.gamma_slim) == (cascade["gamma"], cascade["gamma_slim"])
+    from viasd.bench.command import baseline_settings  # the bench's cascade_sd takes the same
+
+    assert baseline_settings(params, "smoke", "stdlib_continuation") == {
+        "cascade_sd": {"gamma": cascade["gamma"], "gamma_slim": cascade["gamma_slim"]}}
     models = tmp_path / "models"  # a copy: the session's study keeps its own thresholds files
     shutil.copytree(params.models_dir, models)
     with_self = config.load(smoke_params(tmp_path, {"data": {"dir": str(params.data.dir)}, "models": {"dir": str(models)},

@@ -108,8 +108,8 @@ def baseline_settings(params: Params, pair: str, task: str) -> dict[str, dict]:
     """self_sd's and cascade_sd's own best settings on dev, where the DIMR slim's threshold search measured them
     (the study's grid has those runs): {method: DecodePolicy fields}. A baseline the search did not measure runs at
     SD's best gamma, as `sd` (logged)."""
-    from ..io import read_json
     from ..study.cells import best_key, best_settings
+    from ..study.slims import read_json
 
     found = read_json(threshold_paths(params, task, pair, "main")["json"], "the tuned thresholds")
     out = {}
