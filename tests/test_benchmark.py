@@ -84,7 +84,8 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     assert {"ar_vs_hf_ar", "sd_vs_hf_assisted", "sd_vs_ar", "viasd_vs_sd", "viasd_vs_ar"} <= set(result["ratios"])
     assert set(result["efficiency"]) == {"sd", "cascade_sd", "spec_cascade", "viasd"}
     assert all({"measured_speedup", "ideal_speedup", "efficiency"} <= set(v) for v in result["efficiency"].values())
-    assert result["best_hf_assisted"] in ("hf_assisted", "hf_assisted_fixed") and result["gamma"] == 3
+    assert result["best_hf_assisted"] in ("hf_assisted", "hf_assisted_fixed", "hf_assisted_heuristic") and \
+        result["gamma"] == 3
     assert result["gamma_source"] == "--gamma"
     # per-prompt paired ratios with intervals clustered by source file (2 prompts: one file each, or one in all)
     intervals = result["intervals"]
