@@ -64,7 +64,7 @@ def claim_rows(task: str, evals: list[dict], dimr_seconds: float | None) -> list
     if vs_ar:
         row("greedy", describe(vs_ar), _quality(viasd))
     if dimr_seconds is not None:
-        row("dimr_time", f"{dimr_seconds / 60:.1f} min (12 layers, CPU)")
+        row("dimr_time", f"{dimr_seconds / 60:.1f} min")
     for key, run in (("independent", "viasd-independent"), ("random", "viasd-mask_random")):
         if run in by_run:
             ratio = run_vs(by_run[run].get("speed"), viasd.get("speed"))
