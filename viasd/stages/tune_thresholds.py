@@ -35,16 +35,14 @@ from ..search.thresholds import (
     POLICY_KEYS,
     ThresholdConfig,
     budgeted_oracle_point,
-    cascade_sd_points,
-    feature_sd_points,
     oracle_points,
     searched_space,
-    self_sd_points,
     tune_thresholds,
 )
 from ..search.wall_factors import calibrated
 from ..search.workers import SERIAL, Worker, completed_points
-from ..study.cells import engine_options, input_files, search_base, takes_sd_best
+from ..study.baselines import BASELINE_BESTS, baseline_bests, baseline_signature, drafter_digest
+from ..study.cells import engine_options, input_files, search_base
 from ..study.paths import router_paths, threshold_paths
 from ..study.record import StageRecord
 from ..study.slims import (
@@ -65,10 +63,6 @@ log = logging.getLogger(__name__)
 # cost per runner layout, prefill averaged in) is not resumed or reused but run again
 COST_MODEL = ("v5: per layout and width, the prompt's explicit prefill excluded, the decode loop's per-block work, "
               "calibrated per gamma on the dev decodes' wall time")
-
-# what a thresholds file names of a lossless baseline's own best setting on dev, when the grid has that baseline
-BASELINE_BESTS = ("self_sd_best", "cascade_sd_best", "sd_drafter_feature_best")
-BASELINE_KEYS = ("gamma", "decode_wall_per_token", "wall_per_token", "rejection_rate", "acceptance_rate", "fidelity")
 
 WARM_START = 4  # an ablation slim's search first tries the DIMR slim's cheapest feasible tiered policies
 
@@ -274,32 +268,6 @@ def _prompts_digest(examples: list) -> str:
     return hashlib.sha256(json.dumps([[e.id, e.prompt] for e in examples]).encode()).hexdigest()
 
 
-def wants_self_sd_best(params: Params) -> bool:
-    """A `self_sd` run of the study decodes at its own best gamma on dev (`decode.sd_gamma: best`), which the DIMR
-    slim's threshold search then measures."""
-    from ..study.runs import parse_run
-
-    return any(parse_run(r).method == "self_sd" and takes_sd_best(params, parse_run(r)) for r in params.study.runs)
-
-
-def wants_cascade_sd_best(params: Params) -> bool:
-    """A `cascade_sd` run of the study decodes at its own best `gamma_slim` on dev (`decode.sd_gamma: best` and
-    `decode.gamma_slim: null`), which the DIMR slim's threshold search then measures at SD's best gamma."""
-    from ..study.runs import parse_run
-
-    return params.decode.gamma_slim is None and any(
-        parse_run(r).method == "cascade_sd" and takes_sd_best(params, parse_run(r)) for r in params.study.runs)
-
-
-def wants_feature_sd_best(params: Params) -> bool:
-    """An `sd-drafter_feature` run decodes at SD's own best gamma with the feature drafter on dev, which the DIMR
-    slim's threshold search then measures."""
-    from ..study.runs import parse_run
-
-    return any(parse_run(r).method == "sd" and parse_run(r).drafter == "feature" and takes_sd_best(params, parse_run(r))
-               for r in params.study.runs)
-
-
 def search_signature(params: Params, pair: str, task: str, slim: str, cfg: ThresholdConfig,
                      pass_cost: dict[str, PassCost] | None, router_file, candidates: list[dict],
                      searched: list, held_out: list) -> dict:
@@ -313,22 +281,11 @@ def search_signature(params: Params, pair: str, task: str, slim: str, cfg: Thres
     if pass_cost is not None:
         signature["pass_cost_model"] = costs_to_json(pass_cost)
     if drafter_of(slim) == "feature":  # a retrained feature drafter is a new search
-        from ..study.slims import feature_drafter_dir
-
-        signature["drafter"] = hashlib.sha256(
-            (feature_drafter_dir(params, params.pair(pair)) / "feature_drafter.safetensors").read_bytes()).hexdigest()
+        signature["drafter"] = drafter_digest(params, params.pair(pair))
     if router_file is not None:  # a refitted router is a new search
         signature["router"] = hashlib.sha256(router_file.read_bytes()).hexdigest() if router_file.exists() else None
-    if slim == "main" and wants_self_sd_best(params):  # the file then carries self_sd's best gamma too
-        signature["self_sd_best"] = True
-    if slim == "main" and wants_cascade_sd_best(params):  # and cascade_sd's best gamma_slim
-        signature["cascade_sd_best"] = True
-    if slim == "main" and wants_feature_sd_best(params):  # and SD's best gamma with the feature drafter (which one)
-        from ..study.slims import feature_drafter_dir
-
-        drafter = feature_drafter_dir(params, params.pair(pair))
-        signature["sd_drafter_feature_best"] = hashlib.sha256(
-            (drafter / "feature_drafter.safetensors").read_bytes()).hexdigest()
+    if slim == "main":  # the file then carries the lossless baselines' own best settings on dev too
+        signature.update(baseline_signature(params, params.pair(pair)))
     if candidates:  # another search's trials compete in the choice: the result depends on them too
         signature["candidates"] = hashlib.sha256(json.dumps(candidates, sort_keys=True).encode()).hexdigest()
     return json.loads(json.dumps(signature))
@@ -465,26 +422,3 @@ def _shared(common: dict, key: str, drafter: str):
         return replace(common[key], tiers_off=None)
     return common.get(own)
 
-
-def baseline_bests(params: Params, pair: Pair, dev: DevSet, cfg: ThresholdConfig, signature: dict,
-                   sd_gamma: int) -> dict:
-    """The lossless baselines' own best settings on the search's dev prompts, by measured wall time, for the ones
-    the signature asks for (`BASELINE_BESTS`): self_sd's gamma, SD's gamma with the feature drafter, cascade_sd's
-    gamma_slim at SD's best gamma (`sd_gamma`)."""
-    out = {}
-    if signature.get("self_sd_best"):
-        best = min(self_sd_points(dev, cfg), key=lambda t: t["decode_wall_per_token"])
-        out["self_sd_best"] = {k: best.get(k) for k in BASELINE_KEYS}
-    if "sd_drafter_feature_best" in signature:
-        from ..decoding.feature_drafter import load_feature_drafter
-        from ..study.slims import feature_drafter_dir
-
-        dev.models.feature_drafter = load_feature_drafter(feature_drafter_dir(params, pair), dev.models.target)
-        best = min(feature_sd_points(dev, cfg), key=lambda t: t["decode_wall_per_token"])
-        out["sd_drafter_feature_best"] = {k: best.get(k) for k in BASELINE_KEYS}
-    if signature.get("cascade_sd_best"):
-        points = cascade_sd_points(dev, cfg, sd_gamma)
-        best = min(points, key=lambda t: t["decode_wall_per_token"])
-        out["cascade_sd_best"] = {**{k: best.get(k) for k in ("gamma_slim", *BASELINE_KEYS)},
-                                  "searched": {str(p["gamma_slim"]): p["decode_wall_per_token"] for p in points}}
-    return out
