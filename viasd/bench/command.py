@@ -328,7 +328,7 @@ def frontier_table(models, viasd: dict, gamma: int, max_new: int, cascade: dict,
     tuned = {k: v for k, v in viasd.items() if k not in drop}
     if str(viasd.get("tau_accept")) == "inf" and str(viasd.get("tau_slim")) == "inf":  # tuned to SD: default rules
         tuned = {"gamma": viasd.get("gamma", gamma)}
-    policy = replace(by_name["viasd"].policy, **tuned, gate=0.0)
+    policy = replace(by_name["viasd"].policy, **{**tuned, "gate": 0.0})  # the gate off, whatever was tuned
     grid = FRONTIER_TAU_ACCEPT["prob" if policy.score in PROBABILITY_SCORES else "ratio"]
     table = [by_name["ar"], by_name["sd"], BenchMethod("viasd tuned", replace(by_name["viasd"].policy, **viasd))]
     table += [BenchMethod(f"viasd ta={ta:g} ts={ts:g}{'' if vl else ' unchecked'}",
