@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .decoding.engine import DecodeResult, decode
+from .decoding.batching import BatchStats
+from .decoding.engine import DecodeResult, decode, decode_batch
 from .decoding.intermediate import IndependentVerifier
 from .decoding.policy import DecodePolicy
 from .decoding.seq2seq import is_encoder_decoder
@@ -260,19 +261,59 @@ class ModelSet:
 
         return score_outputs(self.target, prompts, outputs, self.vocab_size, policy, self.eos_token_ids(policy))
 
-    def generate(self, prompt: str | Sequence[int], policy: DecodePolicy | None = None,
+    def generate(self, prompt: str | Sequence[int] | Sequence[str | Sequence[int]], policy: DecodePolicy | None = None,
                  router_rows: RouterRows | None = None, oracle_reference: Sequence[int] | None = None,
-                 **overrides) -> DecodeResult:
+                 batch_size: int | None = None, **overrides) -> DecodeResult | list[DecodeResult]:
         """Decode a text prompt (or token ids) and return new token ids, text and statistics (`router_rows`:
         with the oracle router, collect the router's training rows; `oracle_reference`: with it, the target's
-        greedy output of this prompt under the same policy, which spares the oracle its peek passes)."""
+        greedy output of this prompt under the same policy, which spares the oracle its peek passes).
+
+        A list of prompts (texts or token-id lists) decodes them as a batch (`generate_batch`, at most
+        `batch_size` rows at once) and returns one result per prompt, each what its prompt decodes to alone."""
+        if _is_batch(prompt):
+            if router_rows is not None or oracle_reference is not None:
+                raise PolicyError("router_rows and oracle_reference are per prompt: decode those prompts one at a time")
+            return self.generate_batch(prompt, policy, batch_size=batch_size, **overrides)[0]
+        policy = self._policy(policy, overrides)
+        draft, router = self._drafter(policy)
+        result = decode(self._ids(prompt), policy, self.target, self.vocab_size, draft=draft, slims=self.slims,
+                        tokenizer=self.tokenizer, eos_token_ids=self.eos_token_ids(policy), router=router,
+                        router_rows=router_rows, oracle_reference=oracle_reference,
+                        draft_tokenizer=self.draft_tokenizer if self.cross_vocab else None)
+        self._add_text(result)
+        return result
+
+    def generate_batch(self, prompts: Sequence[str | Sequence[int]], policy: DecodePolicy | None = None,
+                       batch_size: int | None = None, oracle_references: Sequence[Sequence[int]] | None = None,
+                       progress=None, **overrides) -> tuple[list[DecodeResult], BatchStats]:
+        """Decode `prompts` together (`decoding.batching`): one result per prompt, in order, and the batch's own
+        statistics (batched passes, wall time). At most `batch_size` rows at once (default: all); a finished
+        row's slot takes the next prompt. The `i`-th prompt samples with seed `policy.seed + i`."""
+        policy = self._policy(policy, overrides)
+        draft, router = self._drafter(policy)
+        results, stats = decode_batch([self._ids(p) for p in prompts], policy, self.target, self.vocab_size,
+                                      draft=draft, slims=self.slims, tokenizer=self.tokenizer,
+                                      eos_token_ids=self.eos_token_ids(policy), router=router,
+                                      draft_tokenizer=self.draft_tokenizer if self.cross_vocab else None,
+                                      oracle_references=oracle_references, batch_size=batch_size, progress=progress)
+        for result in results:
+            self._add_text(result)
+        return results, stats
+
+    @staticmethod
+    def _policy(policy: DecodePolicy | None, overrides: dict) -> DecodePolicy:
         policy = policy or DecodePolicy()
         if overrides:
             from dataclasses import replace
 
             policy = replace(policy, **overrides)
-        ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        eos = self.eos_token_ids(policy)
+        return policy
+
+    def _ids(self, prompt: str | Sequence[int]) -> list[int]:
+        return self.encode(prompt) if isinstance(prompt, str) else list(prompt)
+
+    def _drafter(self, policy: DecodePolicy):
+        """The draft and router `policy` decodes with: the draft model's, or the feature drafter's."""
         draft, router = self.draft, self.router
         if policy.drafter == "feature":
             router = self.feature_router or router
@@ -280,13 +321,16 @@ class ModelSet:
                 raise PolicyError("drafter: feature needs a feature drafter (`viasd train-drafter`; "
                                   "ModelSet.feature_drafter, or load_models(feature_drafter=...))")
             draft = self.feature_drafter
-        result = decode(ids, policy, self.target, self.vocab_size, draft=draft, slims=self.slims,
-                        tokenizer=self.tokenizer, eos_token_ids=eos, router=router, router_rows=router_rows,
-                        oracle_reference=oracle_reference,
-                        draft_tokenizer=self.draft_tokenizer if self.cross_vocab else None)
+        return draft, router
+
+    def _add_text(self, result: DecodeResult) -> None:
         if self.tokenizer is not None:
             result.text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
-        return result
+
+
+def _is_batch(prompt) -> bool:
+    """A list of prompts (texts or token-id lists), not one prompt (a text or a list of token ids)."""
+    return not isinstance(prompt, str) and len(prompt) > 0 and not isinstance(prompt[0], int | torch.Tensor)
 
 
 def load_models(target: str | Path, draft: str | Path | None = None, masks: Sequence = (),

@@ -18,6 +18,8 @@ import torch
 from torch import nn
 
 from ..errors import PolicyError, PromptError
+from . import batching
+from .batching import Batch, BatchStats
 from .compilation import compiled
 from .feature_drafter import FeatureDrafter, FeatureDraftRunner, TrunkFeatures
 from .intermediate import IndependentVerifier
@@ -60,7 +62,8 @@ class DecodeSession:
 
     def __init__(self, prompt_ids: Sequence[int], policy: DecodePolicy, target: nn.Module, vocab_size: int,
                  draft: nn.Module | None = None, slims: Sequence[SlimVerifier | IndependentVerifier] = (), tokenizer=None,
-                 eos_token_ids: Sequence[int] = (), draft_tokenizer=None, inputs: MethodInputs | None = None):
+                 eos_token_ids: Sequence[int] = (), draft_tokenizer=None, inputs: MethodInputs | None = None,
+                 batch: Batch | None = None, slot: int = 0, seed: int | None = None):
         self.policy = policy
         self.method = METHODS[policy.method]
         self.target_model = target
@@ -90,7 +93,7 @@ class DecodeSession:
         self.length = self.prompt_len
         self.generated: list[int] = []
         self.done = False
-        self.sampler = Sampler(policy.sampling, device, policy.seed)
+        self.sampler = Sampler(policy.sampling, device, policy.seed if seed is None else seed)
         self.stop = StopRule(policy.max_new_tokens, eos_token_ids, policy.stop_strings, tokenizer)
         self.stats = DecodeStats(method=policy.method, prompt_tokens=len(encoder_prompt or prompt))
 
@@ -110,6 +113,8 @@ class DecodeSession:
         self.processors = build(settings, self.prompt_len, policy.max_new_tokens, eos_token_ids, device)
         for r in self.every_runner:
             r.processors = self.processors
+            if batch is not None:  # a row of a batched decode (batching.py): its passes go through the batch
+                batch.bind(r, slot)
             r.start()
         if self.text_draft is not None:
             self.text_draft.start()
@@ -362,15 +367,73 @@ def decode(prompt_ids: Sequence[int], policy: DecodePolicy, target: nn.Module, v
     greedy output of this prompt under the same settings (an `ar` decode's tokens), which spares the oracle
     its peek passes while the output follows it (`methods.viasd.oracle_targets`): the same tokens and
     statistics either way, `peek_from_reference` counting the blocks it served."""
-    if policy.needs_draft and draft is None:
-        raise PolicyError(f"method {policy.method!r} needs a draft model")
-    if policy.needs_slim and not slims:
-        raise PolicyError(f"method {policy.method!r} needs a slim verifier (a routing mask over the target's layers)")
-    session = DecodeSession(prompt_ids, policy, target, vocab_size, draft=draft if policy.needs_draft else None,
-                            slims=slims if policy.needs_slim else (), tokenizer=tokenizer,
-                            eos_token_ids=eos_token_ids,
-                            draft_tokenizer=draft_tokenizer if policy.needs_draft else None,
+    _check_models(policy, draft, slims)
+    session = DecodeSession(prompt_ids, policy, target, vocab_size,
+                            **_session_models(policy, draft, slims, draft_tokenizer),
+                            tokenizer=tokenizer, eos_token_ids=eos_token_ids,
                             inputs=MethodInputs(router, router_rows,
                                                 oracle_reference if policy.router == "oracle" else None))
     with torch.inference_mode():
         return session.run()
+
+
+def _check_models(policy: DecodePolicy, draft, slims) -> None:
+    if policy.needs_draft and draft is None:
+        raise PolicyError(f"method {policy.method!r} needs a draft model")
+    if policy.needs_slim and not slims:
+        raise PolicyError(f"method {policy.method!r} needs a slim verifier (a routing mask over the target's layers)")
+
+
+def _session_models(policy: DecodePolicy, draft, slims, draft_tokenizer=None) -> dict:
+    """The models a session of `policy` takes: the draft and slims only where its method uses them."""
+    return {"draft": draft if policy.needs_draft else None, "slims": slims if policy.needs_slim else (),
+            "draft_tokenizer": draft_tokenizer if policy.needs_draft else None}
+
+
+def decode_batch(prompts: Sequence[Sequence[int]], policy: DecodePolicy, target: nn.Module, vocab_size: int,
+                 draft: nn.Module | None = None, slims: Sequence[SlimVerifier | IndependentVerifier] = (),
+                 tokenizer=None, eos_token_ids: Sequence[int] = (), router=None, draft_tokenizer=None,
+                 oracle_references: Sequence[Sequence[int] | None] | None = None,
+                 batch_size: int | None = None, progress: Callable[[int], None] | None = None
+                 ) -> tuple[list[DecodeResult], BatchStats]:
+    """Decode several prompts together (`batching.py`): one `DecodeResult` per prompt, in order, and the
+    batch's own statistics. At most `batch_size` rows run at once (default: every prompt); a row that ends
+    frees its slot for the next prompt (continuous batching). Each row decodes exactly as `decode` would
+    decode its prompt alone, with sampling seed `policy.seed + i` for the `i`-th prompt; its statistics'
+    seconds include the time it waited for the other rows (its latency). `progress(n)` is called as rows end."""
+    prompts = [list(p) for p in prompts]
+    if not prompts:
+        raise PromptError("a batched decode needs at least one prompt")
+    if batch_size is not None and batch_size < 1:
+        raise PolicyError(f"batch_size must be at least 1, got {batch_size}")
+    if oracle_references is not None and len(oracle_references) != len(prompts):
+        raise PolicyError(f"{len(oracle_references)} oracle references for {len(prompts)} prompts")
+    _check_models(policy, draft, slims)
+    slots = min(batch_size or len(prompts), len(prompts))
+    capacity = max(len(p) for p in prompts) + policy.max_new_tokens + policy.gamma + 1
+    batch = Batch(slots, capacity)
+    results: list[DecodeResult | None] = [None] * len(prompts)
+    queue = iter(range(len(prompts)))
+
+    def row(slot: int):
+        i = next(queue, None)
+        if i is None:
+            return None
+        reference = oracle_references[i] if oracle_references is not None and policy.router == "oracle" else None
+        session = DecodeSession(prompts[i], policy, target, vocab_size, **_session_models(policy, draft, slims,
+                                                                                           draft_tokenizer),
+                                tokenizer=tokenizer, eos_token_ids=eos_token_ids,
+                                inputs=MethodInputs(router, None, reference), batch=batch, slot=slot,
+                                seed=batching.row_seed(policy.seed, i))
+
+        def body():
+            results[i] = session.run()
+            if progress is not None:
+                progress(1)
+
+        return body
+
+    with torch.inference_mode():
+        batch.run(row)
+    batch.stats.new_tokens = sum(r.stats.new_tokens for r in results)
+    return results, batch.stats

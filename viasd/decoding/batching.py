@@ -1,0 +1,274 @@
+"""Many prompts at once: every method decodes a batch, each row with its own acceptance, tiers and rollback.
+
+A batched decode runs one `engine.DecodeSession` per row, unchanged: the method's block logic (drafting,
+the acceptance tests, VIA-SD's tiers and router, the full model's lag) is per row by construction. What is
+shared is the model passes. Each row runs as a coroutine (a greenlet); when its method calls a model — the
+draft, a slim, the trunk, the full model's rest — the row's runner hands the call to the `Batch` and the
+row pauses. Once every live row has paused, the batch runs the model that most rows wait for in one pass
+over all of them (`ragged_cache`: each row at its own offset, feeding its own number of tokens), and
+resumes those rows with their slices of the output. So rows that accepted different numbers of tokens,
+rows whose tiers escalate at different blocks and rows still prefilling share passes with no alignment
+step, and a row's tokens depend on its own prompt only.
+
+Rows come from a queue (`decode_batch(prompts, batch_size=...)`): a row that finishes frees its slot for the
+next prompt, whose prefill joins the other rows' decoding passes (continuous batching); once the queue is
+empty, finished rows leave the batch and the caches shrink to the rows still running.
+
+A pass covers every row of the batch: a row with nothing to feed to that model gets padding, whose writes
+land past that row's end. The alternative — gathering the waiting rows into a sub-batch — copies their
+caches on every pass; on the models this project runs, per-pass overhead, not width, dominates.
+
+Per-row statistics count each row's own passes; their seconds include the time a row waited for the others
+(its latency, not its cost); `BatchStats` has the batched passes and the wall time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..errors import PolicyError
+from .ragged_cache import Feed, RowCache, ragged_cache, ragged_layers
+from .runner import ModelRunner
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BatchStats:
+    """What a batched decode did as a whole. `passes`: batched passes per runner name; `rows_fed`: row-passes
+    that fed tokens (the rest were padding); `widths`: per runner, pass width (columns) -> passes;
+    `wall_time_s`: the whole batch, first prefill to last token; `max_rows`: the batch size used."""
+
+    passes: dict[str, int] = field(default_factory=dict)
+    rows_fed: dict[str, int] = field(default_factory=dict)
+    widths: dict[str, dict[int, int]] = field(default_factory=dict)
+    wall_time_s: float = 0.0
+    max_rows: int = 0
+    new_tokens: int = 0
+
+    def as_dict(self) -> dict:
+        return {"passes": dict(self.passes), "rows_fed": dict(self.rows_fed),
+                "widths": {k: dict(v) for k, v in self.widths.items()}, "wall_time_s": self.wall_time_s,
+                "max_rows": self.max_rows, "new_tokens": self.new_tokens}
+
+
+@dataclass
+class _Call:
+    """A row's pending model call: its handle, its inputs `[1, w]` ids or `[1, w, H]` embeddings, and the
+    logits it keeps (`keep`: 0 for hidden states)."""
+
+    group: _Group
+    row: RowCache
+    tokens: torch.Tensor
+    embeds: bool
+    keep: int
+
+
+class _Output:
+    """A row's slice of a batched output, as the runner reads it (`.logits` `[1, k, V]` or
+    `.last_hidden_state` `[1, w, H]`)."""
+
+    def __init__(self, logits=None, last_hidden_state=None):
+        self.logits = logits
+        self.last_hidden_state = last_hidden_state
+
+
+class _Group:
+    """One model over one kind of cache, shared by the rows: the runners of the same name over the same module.
+    Holds the ragged cache (made from the first row's batch-1 cache layout) and each slot's handle."""
+
+    def __init__(self, batch: Batch, name: str, model: nn.Module, template):
+        self.batch, self.name, self.model = batch, name, model
+        self.cache = ragged_cache(template, batch.slots, batch.capacity)
+        self.layers = ragged_layers(self.cache)
+        self.handles: dict[int, RowCache] = {}
+        self.dtype = next(model.parameters()).dtype
+        self.device = next(model.parameters()).device
+
+    def handle(self, slot: int) -> RowCache:
+        self.handles[slot] = handle = RowCache(slot)
+        return handle
+
+    @torch.inference_mode()
+    def run(self, calls: list[_Call]) -> list[_Output]:
+        """One pass over every slot of the batch: the calls' rows feed their tokens, the others padding."""
+        slots = self.batch.slots
+        by_slot = {c.row.slot: c for c in calls}
+        widths = [by_slot[s].tokens.shape[1] if s in by_slot else 0 for s in range(slots)]
+        offsets = [self.handles[s].n if s in self.handles else 0 for s in range(slots)]
+        width = max(widths)
+        feed = Feed.build(offsets, widths, self.dtype, self.device)
+        for layer in self.layers:
+            layer.feed = feed
+        embeds = calls[0].embeds
+        if embeds:
+            hidden = calls[0].tokens.shape[-1]
+            inputs = torch.zeros((slots, width, hidden), dtype=calls[0].tokens.dtype, device=self.device)
+        else:
+            inputs = torch.zeros((slots, width), dtype=torch.long, device=self.device)
+        for c in calls:
+            w = c.tokens.shape[1]
+            inputs[c.row.slot, width - w :] = c.tokens[0]
+        keep = max(c.keep for c in calls)
+        kwargs = {"inputs_embeds" if embeds else "input_ids": inputs, "attention_mask": feed.mask,
+                  "position_ids": feed.write, "cache": self.cache, "use_cache": True}
+        if keep:
+            kwargs["logits_to_keep"] = keep
+        out = self.model(**kwargs)
+        for layer in self.layers:
+            layer.feed = None
+        stats = self.batch.stats
+        stats.passes[self.name] = stats.passes.get(self.name, 0) + 1
+        stats.rows_fed[self.name] = stats.rows_fed.get(self.name, 0) + len(calls)
+        per_width = stats.widths.setdefault(self.name, {})
+        per_width[width] = per_width.get(width, 0) + 1
+        results = []
+        for c in calls:
+            c.row.n += c.tokens.shape[1]
+            r = c.row.slot
+            if c.keep:
+                results.append(_Output(logits=out.logits[r : r + 1, keep - c.keep :]))
+            else:
+                results.append(_Output(last_hidden_state=out.last_hidden_state[r : r + 1, width - c.tokens.shape[1] :]))
+        return results
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Only the slots `rows` stay, renumbered 0.. in that order (rows that left the batch)."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        for layer in self.layers:
+            layer.keep_rows(index)
+        handles = {}
+        for new, old in enumerate(rows):
+            if old in self.handles:
+                handle = self.handles[old]
+                handle.slot = new
+                handles[new] = handle
+        self.handles = handles
+
+
+class _RowModel:
+    """What a row's runner calls instead of its model: the call goes to the batch and the row waits."""
+
+    def __init__(self, batch: Batch, group_key: tuple, model: nn.Module):
+        self.batch, self.group_key, self.model = batch, group_key, model
+
+    def __call__(self, input_ids=None, inputs_embeds=None, cache=None, logits_to_keep: int = 0, **_):
+        group = self.batch.groups[self.group_key]
+        embeds = inputs_embeds is not None
+        tokens = inputs_embeds if embeds else input_ids
+        return self.batch.wait(_Call(group, cache, tokens, embeds, int(logits_to_keep)))
+
+    def parameters(self):
+        return self.model.parameters()
+
+
+class Batch:
+    """The shared side of a batched decode: `slots` rows, the model groups, the scheduler of the rows'
+    coroutines. `bind(runner, slot)` makes a row's runner call the batch (`engine.DecodeSession` does it for
+    every runner of a batched row before starting them)."""
+
+    def __init__(self, slots: int, capacity: int):
+        self.slots = slots
+        self.capacity = capacity
+        self.groups: dict[tuple, _Group] = {}
+        self.stats = BatchStats(max_rows=slots)
+        self._main = None
+
+    def bind(self, runner: ModelRunner, slot: int) -> None:
+        """Route `runner`'s passes through the batch: its model becomes the row's door to the group of runners
+        of its name over its module, its cache that group's handle for `slot`."""
+        from .feature_drafter import FeatureDraftRunner
+        from .reuse import ExitRunner
+
+        if isinstance(runner, FeatureDraftRunner):
+            raise PolicyError("batched decoding does not take the feature drafter yet: decode its prompts one at a time")
+        if isinstance(runner, ExitRunner):  # the exit head: a norm and an LM-head product on the trunk's rows, per row
+            return
+        model = runner.model
+        key = (runner.name, id(model))
+        if key not in self.groups:
+            self.groups[key] = _Group(self, runner.name, model, runner._new_cache())
+        group = self.groups[key]
+        runner.model = _RowModel(self, key, model)
+        runner._new_cache = lambda: group.handle(slot)
+
+    def wait(self, call: _Call):
+        """Called from a row: hand the call to the scheduler and pause until its output is ready."""
+        import greenlet
+
+        if greenlet.getcurrent() is self._main:
+            raise RuntimeError("a batched runner was called outside its row")
+        return self._main.switch(call)
+
+    def run(self, rows: Callable[[int], Callable | None]) -> None:
+        """Run rows until none is left. `rows(slot)` gives the next row's body for a free slot (a callable that
+        decodes one prompt to the end), or None when the queue is empty."""
+        import greenlet
+
+        self._main = greenlet.getcurrent()
+        start = time.perf_counter()
+        waiting: dict[int, _Call] = {}
+        live: dict[int, greenlet.greenlet] = {}
+
+        def step(slot: int, value=None) -> None:
+            """Resume the row in `slot` until it pauses on a call or ends; refill or retire its slot."""
+            while True:
+                result = live[slot].switch(value) if value is not None else live[slot].switch()
+                if isinstance(result, _Call):
+                    waiting[slot] = result
+                    return
+                del live[slot]  # the row's decode ended
+                body = rows(slot)
+                if body is None:
+                    return
+                live[slot] = greenlet.greenlet(body)
+                value = None
+
+        for slot in range(self.slots):
+            body = rows(slot)
+            if body is None:
+                break
+            live[slot] = greenlet.greenlet(body)
+        for slot in list(live):
+            step(slot)
+        while waiting:
+            counts: dict[tuple, int] = {}
+            for call in waiting.values():
+                key = (call.group.name, id(call.group.model))
+                counts[key] = counts.get(key, 0) + 1
+            key = max(counts, key=counts.get)  # the model most rows wait for
+            slots = [s for s, c in waiting.items() if (c.group.name, id(c.group.model)) == key]
+            calls = [waiting.pop(s) for s in slots]
+            outputs = self.groups[key].run(calls)
+            for slot, output in zip(slots, outputs):
+                step(slot, output)
+            if len(live) < self.slots and not live.keys() - waiting.keys():
+                self._shrink(live, waiting)
+        self.stats.wall_time_s += time.perf_counter() - start
+
+    def _shrink(self, live: dict, waiting: dict) -> None:
+        """Rows that ended left free slots the queue did not fill: keep only the running rows' slots."""
+        keep = sorted(live)
+        if len(keep) == self.slots or not keep:
+            return
+        for group in self.groups.values():
+            group.keep_rows(keep)
+        remap = {old: new for new, old in enumerate(keep)}
+        for d in (live, waiting):
+            moved = {remap[s]: v for s, v in d.items()}
+            d.clear()
+            d.update(moved)
+        self.slots = len(keep)
+
+
+def row_seed(seed: int, index: int) -> int:
+    """The sampling seed of the `index`-th prompt of a batch: `seed` for the first, so that one prompt in a
+    batch draws what it draws alone."""
+    return seed + index
+
