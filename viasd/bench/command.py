@@ -429,3 +429,57 @@ def _frontier_plot(out: dict, path) -> None:
     fig.suptitle(f"{out['pair']} on {out['task']}: speed vs quality, side by side", fontsize=10)
     save_figure(fig, path)
     plt.close(fig)
+
+
+def run_batch_sweep(params: Params, pair_name: str | None, task: str, batch_sizes: list[int], prompts: int,
+                    max_new_tokens: int | None, repeats: int, gamma: int | None, device: str, dtype: str,
+                    methods: list[str] | None = None, progress: bool = True, engine: dict | None = None) -> dict:
+    """Throughput and latency against batch size (`bench.batch`): `hf_ar`, `ar`, `sd` at its best gamma on dev and the
+    tuned `viasd` by default; a table, JSON and a plot, reports/bench/<pair>-<task>-sweep-batch.*"""
+    from .batch import BATCH_METHODS, batch_markdown, batch_plot, run_batch_benchmark
+
+    pair, models = load_bench_models(params, pair_name, device, dtype)
+    engine = engine_options(params, engine)
+    gamma, source = bench_gamma(params, pair.name, task, gamma)
+    max_new = max_new_tokens or params.max_new_tokens(task)
+    chosen = methods or [m for m in BATCH_METHODS if m != "viasd" or models.slims]
+    tuned = tuned_settings(params, pair.name, task, required=False)
+    own = baseline_settings(params, pair.name, task) if source == "SD's best on dev" else {}
+    table = method_table(models, chosen, gamma, max_new, tuned, params.decode.spec_cascade(), engine, None,
+                         floor_budget(fidelity_floor(params)), own)
+    references, metric = task_references(params, task, prompts, max_new)
+    result = run_batch_benchmark(models, bench_prompts(params, models, task, prompts), table, sorted(set(batch_sizes)),
+                                 max_new, repeats, progress, references, metric)
+    weight = next(models.target.parameters())
+    title = (f"viasd bench --batch: {pair.name} on {task}, {prompts} prompts x {max_new} tokens, sd at gamma {gamma} "
+             f"({source}), {weight.device}, {str(weight.dtype).removeprefix('torch.')}")
+    result.update({"pair": pair.name, "task": task, "sweep": "batch", "gamma": gamma, "gamma_source": source, **engine,
+                   "device": str(weight.device), "dtype": str(weight.dtype), "title": title})
+    paths = bench_paths(params, pair.name, task, "batch", **engine, **run_setting(models))
+    write_text(paths["md"], batch_markdown(result, title))
+    batch_plot(result, paths["png"])
+    write_json(paths["json"], result)
+    return {**result, "files": paths}
+
+
+def batch_record(result: dict) -> StageRecord:
+    """A batch sweep as an MLflow run: per batch size each method's tokens/s and latency, the ratios with
+    their intervals, every method's quality."""
+    metrics = {}
+    for row in result["rows"]:
+        b = row["batch"]
+        for name, m in row["methods"].items():
+            metrics[f"tokens_per_second.{name}.batch_{b}"] = m["tokens_per_second"]
+            metrics[f"latency_s.{name}.batch_{b}"] = m["latency_s"]
+        for key, r in row["ratios"].items():
+            for end in ("ratio", "low", "high"):
+                if r and r.get(end) is not None:
+                    metrics[f"interval.{key}.batch_{b}.{end}"] = r[end]
+    for name, q in result["quality"].items():
+        metrics |= {f"{k}.{name}": q[k] for k in ("fidelity", "task_drop") if q.get(k) is not None}
+    return StageRecord("bench", f"bench/{result['pair']}/{result['task']}/batch",
+                       {"prompts": result["prompts"], "max_new_tokens": result["max_new_tokens"], "gamma": result["gamma"],
+                        "repeats": result["repeats"], "batch_sizes": ",".join(map(str, result["batch_sizes"])),
+                        "device": result["device"], "dtype": result["dtype"]},
+                       metrics, {"task": result["task"], "sweep": "batch"},
+                       [result["files"]["json"], result["files"]["md"], result["files"]["png"]])

@@ -41,6 +41,9 @@ def add_bench(sub) -> None:
                    help="scaling run instead: gamma=1,2,4,8 | length=64,128,256,512 | prompt=32,128,384 | "
                         "position=100,500,1000; or `frontier`: tokens/s vs fidelity and the task metric for ar, sd, "
                         "viasd over its tier thresholds and spec_cascade over its lenience")
+    p.add_argument("--batch", metavar="B1,B2,...",
+                   help="throughput and latency against batch size instead, e.g. 1,2,4,8,16: hf_ar (transformers' batched "
+                        "generate), ar, sd and viasd (or --methods) decode the prompts at most B at a time")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
 
@@ -69,6 +72,8 @@ def _bench(args) -> int:
     pair = params.pair(args.pair)
     engine = {"cache": args.cache, "compile": args.compile, "reuse": args.reuse,  # None: decode.*
               "generation_config": args.generation_config, "generation": dict(args.generation) or None}
+    if args.batch is not None:
+        return _batch(args, params, pair.name, chosen, engine)
     if args.sweep == "frontier":
         out = run_sweep(params, pair.name, args.task, "frontier", [], args.prompts, args.max_new_tokens, args.repeats,
                         args.gamma, args.device, args.dtype, engine=engine)
@@ -107,4 +112,26 @@ def _bench(args) -> int:
               f"{tie['position']} (logit gap {tie['logit_gap']:.3g}, rounding noise {tie['noise']:.3g})")
     track(args, params, bench_record(result))
     print(result["files"]["json"])
+    return 0
+
+
+def _batch(args, params, pair: str, methods, engine) -> int:
+    from ..bench.command import batch_record, run_batch_sweep
+
+    if args.sweep:
+        raise ViasdError("--batch and --sweep are two different runs: give one")
+    try:
+        sizes = [int(v) for v in args.batch.split(",") if v.strip()]
+    except ValueError:
+        raise ViasdError(f"--batch {args.batch}: the batch sizes must be integers, e.g. 1,2,4,8") from None
+    if not sizes or min(sizes) < 1:
+        raise ViasdError(f"--batch {args.batch}: give batch sizes of at least 1, e.g. 1,2,4,8")
+    out = run_batch_sweep(params, pair, args.task, sizes, args.prompts, args.max_new_tokens, args.repeats, args.gamma,
+                          args.device, args.dtype, methods, engine=engine)
+    for row in out["rows"]:
+        print(json.dumps({"batch": row["batch"],
+                          **{n: round(m["tokens_per_second"], 1) for n, m in row["methods"].items()},
+                          **{k: r and round(r["ratio"], 3) for k, r in row["ratios"].items()}}))
+    track(args, params, batch_record(out))
+    print(out["files"]["json"])
     return 0
