@@ -161,6 +161,37 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     assert "unknown sweep 'depth'" in capsys.readouterr().err
 
 
+def test_bench_batch_writes_throughput_against_batch_size(study, capsys):
+    """`viasd bench --batch`: per batch size each method's tokens/s, latency and the ratios with intervals over
+    rounds, quality beside them, a table, a plot and an MLflow record; bad sizes get one line."""
+    from viasd.bench.command import batch_record
+    from viasd.cli import main
+    from viasd.study.paths import bench_paths
+
+    src_tmp, params = study
+    base = ["--params", str(src_tmp / "params.yaml"), "--no-track"]
+    assert main(["dimr-search", *base]) == 0
+    assert main(["bench", *base, "--batch", "1,3", "--prompts", "3", "--repeats", "2", "--max-new-tokens", "8",
+                 "--gamma", "3"]) == 0
+    paths = bench_paths(params, "smoke", "stdlib_continuation", "batch")
+    result = json.loads(paths["json"].read_text())
+    assert result["batch_sizes"] == [1, 3] and result["methods"] == ["hf_ar", "ar", "sd", "viasd"]
+    for row in result["rows"]:
+        assert set(row["ratios"]) == {"ar_vs_hf_ar", "sd_vs_ar", "viasd_vs_sd", "viasd_vs_ar"}
+        for r in row["ratios"].values():
+            assert r["low"] <= r["ratio"] <= r["high"]  # two rounds: an interval
+        assert all(len(m["rounds"]) == 2 and m["latency_s"] > 0 for m in row["methods"].values())
+    assert result["rows"][0]["ar_vs_ar_batch_1"] == 1.0
+    # each row decodes as its prompt alone, so the lossless methods keep fidelity 1 at batch 3
+    assert result["quality"]["sd"]["fidelity"] == 1.0 and result["quality"]["ar"]["fidelity"] == 1.0
+    assert paths["png"].exists() and "viasd_vs_sd" in paths["md"].read_text()
+    record = batch_record({**result, "files": paths})
+    assert "tokens_per_second.viasd.batch_3" in record.metrics and "fidelity.viasd" in record.metrics
+    capsys.readouterr()
+    assert main(["bench", *base, "--batch", "0,2"]) == 2
+    assert "batch sizes of at least 1" in capsys.readouterr().err
+
+
 def test_bench_refuses_a_speedup_when_outputs_differ(study):
     from viasd.bench.timing import BenchError, BenchMethod, run_benchmark
     from viasd.decoding.policy import DecodePolicy
