@@ -14,9 +14,12 @@ Rows come from a queue (`decode_batch(prompts, batch_size=...)`): a row that fin
 next prompt, whose prefill joins the other rows' decoding passes (continuous batching); once the queue is
 empty, finished rows leave the batch and the caches shrink to the rows still running.
 
-A pass covers every row of the batch: a row with nothing to feed to that model gets padding, whose writes
-land past that row's end. The alternative — gathering the waiting rows into a sub-batch — copies their
-caches on every pass; on the models this project runs, per-pass overhead, not width, dominates.
+A pass covers either every row of the batch — a row with nothing to feed to that model gets padding,
+whose writes land past that row's end — or only the rows that call it, a sub-batch whose K/V are gathered
+for the pass (a copy of their caches) and written back in place. Padding costs compute, gathering costs
+memory traffic: each model's batch measures both at each width and takes the cheaper (`_Group._gather`).
+So when three rows of eight escalate to the full model, the full model runs over three rows or eight,
+whichever this machine does faster.
 
 Per-row statistics count each row's own passes; their seconds include the time a row waited for the others
 (its latency, not its cost); `BatchStats` has the batched passes and the wall time.
@@ -42,18 +45,20 @@ log = logging.getLogger(__name__)
 @dataclass
 class BatchStats:
     """What a batched decode did as a whole. `passes`: batched passes per runner name; `rows_fed`: row-passes
-    that fed tokens (the rest were padding); `widths`: per runner, pass width (columns) -> passes;
+    that fed tokens; `rows_computed`: row-passes computed (fed or padding; a sub-batch computes only the
+    rows it feeds); `widths`: per runner, pass width (columns) -> passes;
     `wall_time_s`: the whole batch, first prefill to last token; `max_rows`: the batch size used."""
 
     passes: dict[str, int] = field(default_factory=dict)
     rows_fed: dict[str, int] = field(default_factory=dict)
+    rows_computed: dict[str, int] = field(default_factory=dict)
     widths: dict[str, dict[int, int]] = field(default_factory=dict)
     wall_time_s: float = 0.0
     max_rows: int = 0
     new_tokens: int = 0
 
     def as_dict(self) -> dict:
-        return {"passes": dict(self.passes), "rows_fed": dict(self.rows_fed),
+        return {"passes": dict(self.passes), "rows_fed": dict(self.rows_fed), "rows_computed": dict(self.rows_computed),
                 "widths": {k: dict(v) for k, v in self.widths.items()}, "wall_time_s": self.wall_time_s,
                 "max_rows": self.max_rows, "new_tokens": self.new_tokens}
 
@@ -90,6 +95,8 @@ class _Group:
         self.handles: dict[int, RowCache] = {}
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
+        # measured seconds per pass: (0, width) over every row, (n, width) a sub-batch of n rows (`_gather`)
+        self._costs: dict[tuple[int, int], float] = {}
 
     def handle(self, slot: int) -> RowCache:
         self.handles[slot] = handle = RowCache(slot)
@@ -97,46 +104,76 @@ class _Group:
 
     @torch.inference_mode()
     def run(self, calls: list[_Call]) -> list[_Output]:
-        """One pass over every slot of the batch: the calls' rows feed their tokens, the others padding."""
+        """One pass for the calls: over every row of the batch (the others padding) or over the calling rows
+        alone (a sub-batch, their K/V gathered), whichever the measured pass costs say is cheaper."""
         slots = self.batch.slots
+        width = max(c.tokens.shape[1] for c in calls)
+        rows = sorted(c.row.slot for c in calls) if self._gather(len(calls), width) else list(range(slots))
         by_slot = {c.row.slot: c for c in calls}
-        widths = [by_slot[s].tokens.shape[1] if s in by_slot else 0 for s in range(slots)]
-        offsets = [self.handles[s].n if s in self.handles else 0 for s in range(slots)]
-        width = max(widths)
-        feed = Feed.build(offsets, widths, self.dtype, self.device)
+        widths = [by_slot[s].tokens.shape[1] if s in by_slot else 0 for s in rows]
+        offsets = [self.handles[s].n if s in self.handles else 0 for s in rows]
+        feed = Feed.build(offsets, widths, self.dtype, self.device, rows if len(rows) < slots else None)
         for layer in self.layers:
             layer.feed = feed
         embeds = calls[0].embeds
         if embeds:
             hidden = calls[0].tokens.shape[-1]
-            inputs = torch.zeros((slots, width, hidden), dtype=calls[0].tokens.dtype, device=self.device)
+            inputs = torch.zeros((len(rows), width, hidden), dtype=calls[0].tokens.dtype, device=self.device)
         else:
-            inputs = torch.zeros((slots, width), dtype=torch.long, device=self.device)
+            inputs = torch.zeros((len(rows), width), dtype=torch.long, device=self.device)
+        place = {s: i for i, s in enumerate(rows)}
         for c in calls:
             w = c.tokens.shape[1]
-            inputs[c.row.slot, width - w :] = c.tokens[0]
+            inputs[place[c.row.slot], width - w :] = c.tokens[0]
         keep = max(c.keep for c in calls)
         kwargs = {"inputs_embeds" if embeds else "input_ids": inputs, "attention_mask": feed.mask,
                   "position_ids": feed.write, "cache": self.cache, "use_cache": True}
         if keep:
             kwargs["logits_to_keep"] = keep
+        start = self._clock()
         out = self.model(**kwargs)
+        self._measured(len(rows) if len(rows) < slots else 0, width, self._clock() - start)
         for layer in self.layers:
             layer.feed = None
         stats = self.batch.stats
         stats.passes[self.name] = stats.passes.get(self.name, 0) + 1
         stats.rows_fed[self.name] = stats.rows_fed.get(self.name, 0) + len(calls)
+        stats.rows_computed[self.name] = stats.rows_computed.get(self.name, 0) + len(rows)
         per_width = stats.widths.setdefault(self.name, {})
         per_width[width] = per_width.get(width, 0) + 1
         results = []
         for c in calls:
             c.row.n += c.tokens.shape[1]
-            r = c.row.slot
+            r = place[c.row.slot]
             if c.keep:
                 results.append(_Output(logits=out.logits[r : r + 1, keep - c.keep :]))
             else:
                 results.append(_Output(last_hidden_state=out.last_hidden_state[r : r + 1, width - c.tokens.shape[1] :]))
         return results
+
+    def _clock(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def _gather(self, n: int, width: int) -> bool:
+        """Whether `n` calling rows of `width` tokens should run as a sub-batch: never when every row calls;
+        else by the measured seconds of a pass over every row and of a sub-batch of `n` rows at this width
+        (each measured once before the choice is made; kept as running means)."""
+        if n >= self.batch.slots:
+            return False
+        full, sub = self._costs.get((0, width)), self._costs.get((n, width))
+        if sub is None:
+            return True
+        if full is None:
+            return False
+        return sub < full
+
+    def _measured(self, rows: int, width: int, seconds: float) -> None:
+        """A pass's seconds into the running mean of its kind (`rows`: 0 over every row, else the sub-batch's)."""
+        key = (rows, width)
+        old = self._costs.get(key)
+        self._costs[key] = seconds if old is None else 0.8 * old + 0.2 * seconds
 
     def keep_rows(self, rows: list[int]) -> None:
         """Only the slots `rows` stay, renumbered 0.. in that order (rows that left the batch)."""

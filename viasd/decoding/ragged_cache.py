@@ -37,14 +37,17 @@ from .kv_cache import DroppedLayer, InPlaceLayer, cache_parts
 class Feed:
     """The layout of one batched pass. `write`: LongTensor `[B, W]`, the slot each column writes (and its
     position id); `span`: slots the pass reads, `max_r(o_r) + W`; `mask`: `[B, 1, W, span]` additive float
-    mask (0 where a column may attend, the dtype's minimum elsewhere)."""
+    mask (0 where a column may attend, the dtype's minimum elsewhere). `rows`: None when the pass covers every
+    row of the cache; else LongTensor `[B]`, the cache rows it covers (a sub-batch: their K/V are gathered)."""
 
     write: torch.Tensor
     span: int
     mask: torch.Tensor
+    rows: torch.Tensor | None = None
 
     @classmethod
-    def build(cls, offsets: list[int], widths: list[int], dtype: torch.dtype, device) -> Feed:
+    def build(cls, offsets: list[int], widths: list[int], dtype: torch.dtype, device,
+              rows: list[int] | None = None) -> Feed:
         """The feed of rows at cached lengths `offsets` feeding `widths` new tokens each (W = max width)."""
         o = torch.tensor(offsets, dtype=torch.long, device=device)[:, None]  # [B, 1]
         w = torch.tensor(widths, dtype=torch.long, device=device)[:, None]
@@ -57,7 +60,8 @@ class Feed:
         allowed = slots <= write[:, :, None]  # [B, W, S]
         mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
         mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-        return cls(write, span, mask[:, None])
+        return cls(write, span, mask[:, None], None if rows is None else torch.tensor(rows, dtype=torch.long,
+                                                                                     device=device))
 
 
 class RaggedLayer(DynamicLayer):
@@ -95,6 +99,14 @@ class RaggedLayer(DynamicLayer):
         feed = self.feed
         if feed.span > self.capacity:
             self._grow(feed.span)
+        if feed.rows is not None:  # a sub-batch: write its rows in place, attend over a gathered copy of them
+            heads = torch.arange(self._k.shape[1], device=self._k.device)
+            index = (feed.rows[:, None, None], heads[None, :, None], feed.write[:, None, :])  # [R, H, W] each
+            self._k[index] = key_states
+            self._v[index] = value_states
+            self.keys = self._k[feed.rows, :, : feed.span]
+            self.values = self._v[feed.rows, :, : feed.span]
+            return self.keys, self.values
         index = feed.write[:, None, :, None]
         self._k.scatter_(2, index.expand(-1, self._k.shape[1], -1, self._k.shape[-1]), key_states)
         self._v.scatter_(2, index.expand(-1, self._v.shape[1], -1, self._v.shape[-1]), value_states)
