@@ -57,6 +57,21 @@ def test_plain_output_and_every_method(dirs, capsys, tmp_path):
     assert texts["ar"] == texts["sd"] == texts["cascade_sd"]
 
 
+def test_a_prompts_file_decodes_as_a_batch(dirs, capsys, tmp_path):
+    """--prompts-file: one JSON object per prompt, in order, each what its prompt decodes to alone."""
+    target, draft = dirs
+    prompts = ["def f(x):", "import os\n", "class A:\n    pass\n"]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join([json.dumps(prompts[0]), json.dumps({"prompt": prompts[1]}), json.dumps(prompts[2])]))
+    base = ["--target", target, "--draft", draft, "--keep-layers", "0,2", "--method", "sd", "--max-new-tokens", "8",
+            "--device", "cpu", "--json"]
+    code, out, err = run_cli(capsys, *base, "--prompts-file", path, "--batch-size", "2")
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    alone = [json.loads(run_cli(capsys, *base, "--prompt", p)[1]) for p in prompts]
+    assert [r["token_ids"] for r in rows] == [a["token_ids"] for a in alone]
+
+
 def test_oracle_router_writes_the_targets_greedy_output(dirs, capsys):
     target, draft = dirs
     args = ["--target", target, "--draft", draft, "--keep-layers", "0,2", "--max-new-tokens", "16", "--device", "cpu",
@@ -104,6 +119,11 @@ def odd_models(tmp_path_factory):
     return other, t5
 
 
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
 def bad_inputs(dirs, odd_models, tmp_path):
     target, draft = dirs
     other, t5 = odd_models
@@ -142,6 +162,10 @@ def bad_inputs(dirs, odd_models, tmp_path):
         "a study cell with models": (["--pair", "default", "--task", "stdlib_continuation", "--draft", draft,
                                       "--prompt", "x"], "--draft: with --pair the models"),
         "a study cell without its task": (["--pair", "default", "--prompt", "x"], "--pair needs --task"),
+        "a bad prompts file": ([*base, "--keep-layers", "0", "--prompts-file", _write(tmp_path / "p.jsonl", "{oops\n")],
+                               "p.jsonl:1: not JSON"),
+        "batch size without a prompts file": ([*base, "--keep-layers", "0", "--batch-size", "2", "--prompt", "x"],
+                                              "--batch-size takes a number"),
         "a study cell with a bad run": (["--pair", "default", "--task", "stdlib_continuation", "--run", "viasd-nope",
                                          "--params", REPO / "params.yaml", "--prompt", "x"], "--run"),
     }
@@ -152,7 +176,7 @@ CASES = ["missing model", "a draft with another tokenizer for cascade_sd", "out-
          "no mask", "encoder-decoder draft", "hub id offline", "bad gamma", "bad device",
          "learned router without its file", "missing router file", "sampled oracle", "no models",
          "not a per-token setting", "a study cell with models", "a study cell without its task",
-         "a study cell with a bad run"]
+         "a study cell with a bad run", "a bad prompts file", "batch size without a prompts file"]
 
 
 @pytest.mark.parametrize("case", CASES)

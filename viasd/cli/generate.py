@@ -53,6 +53,11 @@ def add_generate(sub) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-file", type=Path, help="file holding the prompt text")
+    src.add_argument("--prompts-file", type=Path, metavar="FILE.jsonl",
+                     help="many prompts decoded as a batch: one per line, a JSON string or an object with a \"prompt\" "
+                          "key; one completion (with --json, one JSON object) per prompt, in order")
+    p.add_argument("--batch-size", type=int, help="with --prompts-file: at most this many prompts decoded together "
+                   "(default: all; a finished prompt's slot takes the next)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object: text, token_ids, stats, policy, and the generation settings applied "
                         "(the generation config's with overrides)")
@@ -221,16 +226,43 @@ def _study_cell(args):
     return policy, cell.load_models(policy, args.device)
 
 
+def _read_prompts(path: Path) -> list[str]:
+    """The prompts of a JSON-lines file: each line a JSON string or an object with a "prompt" key."""
+    try:
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+    except OSError as err:
+        raise ViasdError(f"cannot read the prompts file {path}: {err.strerror}") from None
+    prompts = []
+    for n, line in enumerate(lines, 1):
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError:
+            raise ViasdError(f"{path}:{n}: not JSON; give one JSON string or {{\"prompt\": ...}} per line") from None
+        prompt = item.get("prompt") if isinstance(item, dict) else item
+        if not isinstance(prompt, str) or not prompt:
+            raise ViasdError(f"{path}:{n}: no prompt text (a non-empty JSON string, or an object with a \"prompt\" key)")
+        prompts.append(prompt)
+    if not prompts:
+        raise ViasdError(f"{path} holds no prompt")
+    return prompts
+
+
 def _generate(args) -> int:
-    prompt = _read_prompt(args)
+    if args.batch_size is not None and (args.prompts_file is None or args.batch_size < 1):
+        raise ViasdError("--batch-size takes a number of at least 1, with --prompts-file")
+    prompts = _read_prompts(args.prompts_file) if args.prompts_file is not None else [_read_prompt(args)]
     policy, models = _study_cell(args) if args.pair else _direct(args)
-    result = models.generate(prompt, policy)
-    if args.json:
-        applied = resolve(models.target, policy.generation_config, policy.generation, policy.sampling.greedy)
-        print(json.dumps({"text": result.text, "token_ids": result.token_ids, "stats": result.stats.as_dict(),
-                          "policy": policy.as_record(), "generation": applied.as_dict()}))
+    if args.prompts_file is not None:
+        results = models.generate(prompts, policy, batch_size=args.batch_size)
     else:
-        print(result.text)
-        print("---", file=sys.stderr)
-        print(result.stats.summary(), file=sys.stderr)
+        results = [models.generate(prompts[0], policy)]
+    applied = resolve(models.target, policy.generation_config, policy.generation, policy.sampling.greedy)
+    for result in results:
+        if args.json:
+            print(json.dumps({"text": result.text, "token_ids": result.token_ids, "stats": result.stats.as_dict(),
+                              "policy": policy.as_record(), "generation": applied.as_dict()}))
+        else:
+            print(result.text)
+            print("---", file=sys.stderr)
+            print(result.stats.summary(), file=sys.stderr)
     return 0
