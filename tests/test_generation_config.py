@@ -191,3 +191,17 @@ def test_sampled_sd_keeps_the_processed_targets_distribution(model_sets, tokeniz
             counts[key] = counts.get(key, 0) + 1
         assert all(cell in dist for cell in counts), method  # never a banned token
         assert p_value(counts, dist) > ALPHA, method
+
+
+@pytest.mark.parametrize("layout", list(DECODER_ONLY))
+def test_batched_rows_take_the_models_generation_config_each_with_its_own_prefix(checkpoints, tokenizer, layout):
+    """A batch of the prompts decodes each row under the checkpoint's generation config (repetition penalty,
+    banned n-grams, a minimum length) as `generate` does that prompt alone; the stats' identities hold per row."""
+    models = checkpoints(layout)
+    ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    reference = [hf_greedy(models, i, N_NEW) for i in ids]
+    for method, kw in (("ar", {}), ("sd", {}), ("viasd", dict(tau_accept=OFF, tau_slim=OFF))):
+        out = models.generate(ids, DecodePolicy(method=method, gamma=3, max_new_tokens=N_NEW, **kw), batch_size=2)
+        assert [r.token_ids for r in out] == reference, method
+        for r in out:
+            check_accounting(r.stats)
