@@ -263,3 +263,12 @@ def test_bfloat16_mixed_precision_trains_float32_weights_and_is_recorded(study, 
     assert mixed != exact and abs(mixed - exact) < 0.02 * exact
     with pytest.raises(config.ConfigError, match="precision"):
         config.load(smoke_params(tmp_path, {"train": {"precision": "float16"}}))
+
+
+def test_auto_precision_is_bfloat16_only_where_the_device_computes_it_natively():
+    from viasd.training.train import native_bfloat16, resolve_precision
+
+    cpu = torch.device("cpu")
+    assert resolve_precision("auto", cpu) == ("bfloat16" if native_bfloat16(cpu) else "float32")
+    assert resolve_precision("float32", cpu) == "float32" and resolve_precision("bfloat16", cpu) == "bfloat16"
+    assert resolve_precision("auto", torch.device("meta")) == "float32"

@@ -223,7 +223,7 @@ class TrainParams:
     checkpoint_every: int = 100
     distill_temperature: float = 1.0
     eval_tokens: int = 200_000
-    precision: str = "float32"  # the forward passes: float32, or bfloat16 autocast (mixed precision)
+    precision: str = "float32"  # the forward passes: float32, bfloat16 autocast (mixed precision), or auto
 
 
 DEFAULT_MAX_NEW_TOKENS = 128  # a task's max_new_tokens when params.yaml gives none

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..decoding.feature_drafter import FeatureDrafter, TrunkFeatures
-from .train import autocast, batch_at, step_generator
+from .train import autocast, batch_at, resolve_precision, step_generator
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +147,7 @@ def train_feature_drafter(target, train_stream: np.ndarray, test_stream: np.ndar
     optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
     scheduler = get_cosine_with_min_lr_schedule_with_warmup(
         optimizer, num_warmup_steps=max(1, int(warmup_fraction * steps)), num_training_steps=steps, min_lr_rate=0.1)
+    precision = resolve_precision(precision, device)
     precision_ctx = autocast(precision, device)
     losses, depth_losses = [], []
     started = time.perf_counter()

@@ -25,9 +25,10 @@ Options:
   next-token labels: what raises acceptance).
 
 Where and how: on `models.device` (the stage's GPU when it has one), with the forward passes in
-`train.precision`: `float32`, or `bfloat16` autocast (mixed precision: weights, gradients, optimizer state
+`train.precision`: `float32`, `bfloat16` autocast (mixed precision: weights, gradients, optimizer state
 and the losses' softmaxes stay float32, the matrix products run in bfloat16, faster on CPUs with native bfloat16
-such as AVX512-BF16). The test-split perplexity is always float32.
+such as AVX512-BF16), or `auto`: bfloat16 where the device computes it natively, else float32 (a CPU without it
+emulates bfloat16 tens of times slower). The test-split perplexity is always float32.
 """
 
 from __future__ import annotations
@@ -118,14 +119,32 @@ def exit_point(keep: list[int], step: int, seed: int, role: str, layer: int | No
     return int(torch.randint(1, n_kept, (1,), generator=g))
 
 
+def native_bfloat16(device: torch.device) -> bool:
+    """Whether `device` computes bfloat16 matrix products natively: a CUDA device that supports them, or a CPU
+    with AVX512-BF16 or AMX (oneDNN's own check). Elsewhere bfloat16 is emulated, many times slower than float32."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        native = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+        return bool(native is not None and native())
+    return False
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """`train.precision` on `device`: `auto` is bfloat16 where the device computes it natively, else float32."""
+    if precision not in ("auto", "float32", "bfloat16"):
+        raise TrainingError(f"unknown train.precision {precision!r}; choose auto, float32 or bfloat16")
+    if precision == "auto":
+        return "bfloat16" if native_bfloat16(device) else "float32"
+    if precision == "bfloat16" and device.type == "cpu" and not native_bfloat16(device):
+        log.warning("train.precision bfloat16 on a CPU without native bfloat16 (AVX512-BF16 or AMX): emulated, "
+                    "often tens of times slower than float32 (train.precision: auto picks float32 here)")
+    return precision
+
+
 def autocast(precision: str, device: torch.device):
-    """The forward passes' precision: a bfloat16 autocast region, or none for `float32`."""
-    if precision not in ("float32", "bfloat16"):
-        raise TrainingError(f"unknown train.precision {precision!r}; choose float32 or bfloat16")
-    native = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)  # oneDNN's own check (AVX512-BF16, AMX)
-    if precision == "bfloat16" and device.type == "cpu" and native is not None and not native():
-        log.warning("train.precision bfloat16 on a CPU without native bfloat16 (AVX512-BF16 or AMX): "
-                    "float32 is likely faster here")
+    """The forward passes' precision (resolved, `resolve_precision`): a bfloat16 autocast region, or none for
+    `float32`."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16")
 
 
@@ -183,7 +202,8 @@ def train_with_report(params: Params, role: str, progress: bool = True, stop_aft
     teacher = _teacher(params, role, config.vocab_size) if arch.distill and role != "target" else None
     if teacher is not None:
         teacher.to(device)
-    forward_precision = autocast(tp.precision, device)
+    precision = resolve_precision(tp.precision, device)
+    forward_precision = autocast(precision, device)
     tokens_per_step = tp.batch_size * tp.seq_len
     total_steps = max(1, arch.train_tokens // tokens_per_step)
     optimizer, scheduler = _optimizer(model, arch, tp, total_steps)
@@ -221,7 +241,7 @@ def train_with_report(params: Params, role: str, progress: bool = True, stop_aft
     nll, ppl = perplexity(model, test_stream, tp.seq_len, tp.eval_tokens)
     record = {"role": role, "family": params.family.name, "parameters": count_parameters(model),
               **_training_record(arch, total_steps, tokens_per_step, train_seconds, losses, nll, ppl),
-              "precision": tp.precision, "device": device.type,
+              "precision": precision, "precision_asked": tp.precision, "device": device.type,
               "distilled": teacher is not None, "seed": params.seed}
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp)
