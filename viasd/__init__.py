@@ -8,7 +8,8 @@ Notebook use::
     print(out.text, out.stats.rejection_rate)
 """
 
-from .decoding.engine import DecodeResult, decode
+from .decoding.batching import BatchStats
+from .decoding.engine import DecodeResult, decode, decode_batch
 from .decoding.policy import METHODS, DecodePolicy
 from .decoding.sampling import SamplingConfig
 from .decoding.slim import RoutingMask, SlimVerifier
@@ -17,6 +18,7 @@ from .errors import ViasdError
 from .models import ModelSet, load_model, load_models, load_tokenizer
 
 __all__ = [
+    "BatchStats",
     "DecodePolicy",
     "DecodeResult",
     "DecodeStats",
@@ -27,6 +29,7 @@ __all__ = [
     "SlimVerifier",
     "ViasdError",
     "decode",
+    "decode_batch",
     "load_model",
     "load_models",
     "load_tokenizer",
