@@ -63,8 +63,9 @@ def quality_of(models: ModelSet, prompts: list[list[int]], tokens: dict[str, lis
     return out
 
 
-def check_outputs(models: ModelSet, prompts: list[list[int]], tokens: dict[str, list[list[int]]]) -> list[dict]:
-    """Every lossless method must make the reference's (`hf_ar`, else `ar`) tokens on every prompt.
+def check_outputs(models: ModelSet, prompts: list[list[int]], tokens: dict[str, list[list[int]]],
+                  reference: str | None = None) -> list[dict]:
+    """Every lossless method must make the reference's (`reference`, else `hf_ar`, else `ar`) tokens on every prompt.
 
     A divergence is allowed only where it is a numerical tie of the target: at the first differing
     position, the target's logits of the two tokens (one parallel forward over the shared prefix) are
@@ -75,7 +76,7 @@ def check_outputs(models: ModelSet, prompts: list[list[int]], tokens: dict[str, 
     verification (sd) and single steps (ar) legitimately part there. Returns the ties (method, prompt,
     position, logit gap, noise); anything else raises `BenchError`.
     """
-    reference = next((n for n in ("hf_ar", "ar") if n in tokens), None)
+    reference = reference or next((n for n in ("hf_ar", "ar") if n in tokens), None)
     ties: list[dict] = []
     for name in (n for n in MUST_MATCH if n in tokens and reference not in (None, n)):
         for i, (ours, ref) in enumerate(zip(tokens[name], tokens[reference])):
