@@ -10,6 +10,12 @@ resumes those rows with their slices of the output. So rows that accepted differ
 rows whose tiers escalate at different blocks and rows still prefilling share passes with no alignment
 step, and a row's tokens depend on its own prompt only.
 
+Rows run in lockstep by default: a row that reaches the start of a block waits there until every running row
+has, so the rows draft together, the slim tier runs over all of them at once, and the full model over the rows
+that escalate. Left to run free (`lockstep=False`), rows whose blocks the slim tier settles draft on while others
+wait for the full model, and each model's passes split into more, narrower ones (docs/results.md counts them);
+the tokens are the same either way.
+
 Rows come from a queue (`decode_batch(prompts, batch_size=...)`): a row that finishes frees its slot for the
 next prompt, whose prefill joins the other rows' decoding passes (continuous batching); once the queue is
 empty, finished rows leave the batch and the caches shrink to the rows still running.
@@ -73,6 +79,10 @@ class _Call:
     tokens: torch.Tensor
     embeds: bool
     keep: int
+
+
+_AT_BLOCK_START = object()  # what a row hands the scheduler at the start of a block, in lockstep
+_GO = object()  # what the scheduler hands back once every row is there
 
 
 class _Output:
@@ -210,9 +220,10 @@ class Batch:
     coroutines. `bind(runner, slot)` makes a row's runner call the batch (`engine.DecodeSession` does it for
     every runner of a batched row before starting them)."""
 
-    def __init__(self, slots: int, capacity: int):
+    def __init__(self, slots: int, capacity: int, lockstep: bool = True):
         self.slots = slots
         self.capacity = capacity
+        self.lockstep = lockstep
         self.groups: dict[tuple, _Group] = {}
         self.stats = BatchStats(max_rows=slots)
         self._main = None
@@ -243,6 +254,12 @@ class Batch:
             raise RuntimeError("a batched runner was called outside its row")
         return self._main.switch(call)
 
+    def block_start(self) -> None:
+        """Called by a row before each of its blocks: with `lockstep`, the row waits until every running row has
+        reached the start of a block, so that the rows draft, verify and escalate together."""
+        if self.lockstep:
+            self._main.switch(_AT_BLOCK_START)
+
     def run(self, rows: Callable[[int], Callable | None]) -> None:
         """Run rows until none is left. `rows(slot)` gives the next row's body for a free slot (a callable that
         decodes one prompt to the end), or None when the queue is empty."""
@@ -257,7 +274,7 @@ class Batch:
             """Resume the row in `slot` until it pauses on a call or ends; refill or retire its slot."""
             while True:
                 result = live[slot].switch(value) if value is not None else live[slot].switch()
-                if isinstance(result, _Call):
+                if result is _AT_BLOCK_START or isinstance(result, _Call):
                     waiting[slot] = result
                     return
                 del live[slot]  # the row's decode ended
@@ -275,12 +292,17 @@ class Batch:
         for slot in list(live):
             step(slot)
         while waiting:
+            if all(c is _AT_BLOCK_START for c in waiting.values()):  # every row at a block's start: all go on
+                for slot in list(waiting):
+                    del waiting[slot]
+                    step(slot, _GO)
+                continue
             counts: dict[tuple, int] = {}
-            for call in waiting.values():
+            for call in (c for c in waiting.values() if c is not _AT_BLOCK_START):
                 key = (call.group.name, id(call.group.model))
                 counts[key] = counts.get(key, 0) + 1
             key = max(counts, key=counts.get)  # the model most rows wait for
-            slots = [s for s, c in waiting.items() if (c.group.name, id(c.group.model)) == key]
+            slots = [s for s, c in waiting.items() if c is not _AT_BLOCK_START and (c.group.name, id(c.group.model)) == key]
             calls = [waiting.pop(s) for s in slots]
             outputs = self.groups[key].run(calls)
             for slot, output in zip(slots, outputs):

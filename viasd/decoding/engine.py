@@ -65,6 +65,7 @@ class DecodeSession:
                  eos_token_ids: Sequence[int] = (), draft_tokenizer=None, inputs: MethodInputs | None = None,
                  batch: Batch | None = None, slot: int = 0, seed: int | None = None):
         self.policy = policy
+        self.batch = batch
         self.method = METHODS[policy.method]
         self.target_model = target
         self.vocab_size = vocab_size
@@ -308,6 +309,8 @@ class DecodeSession:
         try:
             self.prefill()
             while not self.done:
+                if self.batch is not None:
+                    self.batch.block_start()
                 block(self, self.state)
                 steps += 1
         finally:
