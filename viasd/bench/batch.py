@@ -81,9 +81,17 @@ def _ours(models: ModelSet, method: BenchMethod) -> Callable:
     def run(prompts: list[list[int]], b: int):
         if b == 1:
             results = [models.generate(p, method.policy) for p in prompts]
+            passes: dict[str, int] = {}
+            for r in results:
+                for name, n in r.stats.passes.items():
+                    prefill = sum(v for k, v in r.stats.pass_widths.items()
+                                  if k.startswith(f"{name}:") and k.endswith("/prefill"))
+                    passes[name] = passes.get(name, 0) + n + prefill
         else:
-            results, _ = models.generate_batch(prompts, method.policy, batch_size=b)
-        return [r.token_ids for r in results], [r.stats.wall_time_s for r in results], [r.stats for r in results]
+            results, batch = models.generate_batch(prompts, method.policy, batch_size=b)
+            passes = dict(batch.passes)
+        return ([r.token_ids for r in results], [r.stats.wall_time_s for r in results], [r.stats for r in results],
+                passes)
 
     return run
 
@@ -108,13 +116,16 @@ def run_batch_benchmark(models: ModelSet, prompts: list[list[int]], methods: lis
     # round 0: outputs at every batch size, their checks and quality
     tokens: dict[int, dict[str, list[list[int]]]] = {}
     passes: dict[int, dict[str, float | None]] = {}
+    model_passes: dict[int, dict[str, dict | None]] = {}
     for b in tqdm(batch_sizes, desc="bench --batch: check outputs", disable=not progress, leave=False):
-        tokens[b], passes[b] = {}, {}
+        tokens[b], passes[b], model_passes[b] = {}, {}, {}
         for name in names:
             out = runs[name](prompts, b)
             tokens[b][name] = out[0]
             stats = out[2] if len(out) > 2 else None
             passes[b][name] = (sum(s.passes.get("target", 0) for s in stats) / n_tokens) if stats else None
+            # the passes the models ran, counted as batched passes (batch 1: every prompt's, prefill included)
+            model_passes[b][name] = out[3] if len(out) > 3 else None
     # the reference: the target's greedy tokens, one prompt at a time (`ar`'s plain decode)
     base = next((m for m in methods if m.name == "ar"), None) or BenchMethod(
         "ar", DecodePolicy(method="ar", max_new_tokens=max_new_tokens, eos_token_ids=()))
@@ -146,7 +157,8 @@ def run_batch_benchmark(models: ModelSet, prompts: list[list[int]], methods: lis
             row["methods"][name] = {"tokens_per_second": statistics.median(rates[b, name]),
                                     "rounds": rates[b, name],
                                     "latency_s": statistics.median(latency[b, name]),
-                                    "target_passes_per_token": passes[b][name]}
+                                    "target_passes_per_token": passes[b][name],
+                                    "model_passes": model_passes[b][name]}
         for key, ours, base in BATCH_RATIOS:
             if ours in names and base in names:
                 row["ratios"][key] = paired_ratio([1 / x for x in rates[b, base]], [1 / x for x in rates[b, ours]])
@@ -182,6 +194,13 @@ def batch_markdown(result: dict, title: str) -> str:
         scale = row.get("ar_vs_ar_batch_1")
         cells.append("–" if scale is None else f"{scale:.2f}×")
         cells += [describe(row["ratios"].get(k)) for k, _, _ in BATCH_RATIOS]
+        lines.append(f"| {row['batch']} | " + " | ".join(cells) + " |")
+    lines += ["", "Model passes run (batched passes: a pass over several rows counts once; batch 1: every prompt's, "
+              "prefill included):", "", "| batch | " + " | ".join(n for n in names if n != "hf_ar") + " |",
+              "|---|" + "---|" * len([n for n in names if n != "hf_ar"])]
+    for row in result["rows"]:
+        cells = [" · ".join(f"{k} {v}" for k, v in (row["methods"][n].get("model_passes") or {}).items()) or "–"
+                 for n in names if n != "hf_ar"]
         lines.append(f"| {row['batch']} | " + " | ".join(cells) + " |")
     lines += ["", "Quality of each method's outputs (the same at every batch size: each row decodes as its prompt "
               "alone):", "", "| method | fidelity | NLL | task metric | drop vs ar (points) |", "|---|---|---|---|---|"]
