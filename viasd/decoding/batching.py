@@ -33,7 +33,6 @@ Per-row statistics count each row's own passes; their seconds include the time a
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,8 +43,6 @@ from torch import nn
 from ..errors import PolicyError
 from .ragged_cache import Feed, RowCache, ragged_cache, ragged_layers
 from .runner import ModelRunner
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -109,6 +106,7 @@ class _Group:
         self._costs: dict[tuple[int, int], float] = {}
 
     def handle(self, slot: int) -> RowCache:
+        """A fresh handle for the row in `slot` (a row that ends leaves its slot to the next one's)."""
         self.handles[slot] = handle = RowCache(slot)
         return handle
 
@@ -202,17 +200,16 @@ class _Group:
 class _RowModel:
     """What a row's runner calls instead of its model: the call goes to the batch and the row waits."""
 
-    def __init__(self, batch: Batch, group_key: tuple, model: nn.Module):
-        self.batch, self.group_key, self.model = batch, group_key, model
+    def __init__(self, group: _Group):
+        self.group = group
 
     def __call__(self, input_ids=None, inputs_embeds=None, cache=None, logits_to_keep: int = 0, **_):
-        group = self.batch.groups[self.group_key]
         embeds = inputs_embeds is not None
         tokens = inputs_embeds if embeds else input_ids
-        return self.batch.wait(_Call(group, cache, tokens, embeds, int(logits_to_keep)))
+        return self.group.batch.wait(_Call(self.group, cache, tokens, embeds, int(logits_to_keep)))
 
     def parameters(self):
-        return self.model.parameters()
+        return self.group.model.parameters()
 
 
 class Batch:
@@ -238,13 +235,13 @@ class Batch:
             raise PolicyError("batched decoding does not take the feature drafter yet: decode its prompts one at a time")
         if isinstance(runner, ExitRunner):  # the exit head: a norm and an LM-head product on the trunk's rows, per row
             return
-        model = runner.model
-        key = (runner.name, id(model))
+        key = (runner.name, id(runner.model))
         if key not in self.groups:
-            self.groups[key] = _Group(self, runner.name, model, runner._new_cache())
+            self.groups[key] = _Group(self, runner.name, runner.model, runner._new_cache())
         group = self.groups[key]
-        runner.model = _RowModel(self, key, model)
-        runner._new_cache = lambda: group.handle(slot)
+        handle = group.handle(slot)  # renumbered, not replaced, when rows leave the batch (`_shrink`)
+        runner.model = _RowModel(group)
+        runner._new_cache = handle.reset
 
     def wait(self, call: _Call):
         """Called from a row: hand the call to the scheduler and pause until its output is ready."""
@@ -297,14 +294,13 @@ class Batch:
                     del waiting[slot]
                     step(slot, _GO)
                 continue
-            counts: dict[tuple, int] = {}
+            counts: dict[_Group, int] = {}
             for call in (c for c in waiting.values() if c is not _AT_BLOCK_START):
-                key = (call.group.name, id(call.group.model))
-                counts[key] = counts.get(key, 0) + 1
-            key = max(counts, key=counts.get)  # the model most rows wait for
-            slots = [s for s, c in waiting.items() if c is not _AT_BLOCK_START and (c.group.name, id(c.group.model)) == key]
+                counts[call.group] = counts.get(call.group, 0) + 1
+            group = max(counts, key=counts.get)  # the model most rows wait for
+            slots = [s for s, c in waiting.items() if c is not _AT_BLOCK_START and c.group is group]
             calls = [waiting.pop(s) for s in slots]
-            outputs = self.groups[key].run(calls)
+            outputs = group.run(calls)
             for slot, output in zip(slots, outputs):
                 step(slot, output)
             if len(live) < self.slots and not live.keys() - waiting.keys():

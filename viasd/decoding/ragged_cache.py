@@ -168,6 +168,11 @@ class RowCache:
     def get_seq_length(self) -> int:
         return self.n
 
+    def reset(self) -> RowCache:
+        """Empty: the runner's fresh cache at the start of its row's decode."""
+        self.n = 0
+        return self
+
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove > 0:
             raise ValueError(f"crop takes a negative number of tokens to remove, got {tokens_to_remove}")
