@@ -164,7 +164,7 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
 def test_bench_batch_writes_throughput_against_batch_size(study, capsys):
     """`viasd bench --batch`: per batch size each method's tokens/s, latency and the ratios with intervals over
     rounds, quality beside them, a table, a plot and an MLflow record; bad sizes get one line."""
-    from viasd.bench.command import batch_record
+    from viasd.bench.sweeps import batch_record
     from viasd.cli import main
     from viasd.study.paths import bench_paths
 

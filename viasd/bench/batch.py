@@ -28,6 +28,7 @@ import logging
 import statistics
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -56,7 +57,7 @@ def hf_batch_generate(models: ModelSet, max_new_tokens: int, settings) -> Callab
     device = next(models.target.parameters()).device
 
     @torch.inference_mode()
-    def run(prompts: list[list[int]], b: int) -> tuple[list[list[int]], list[float]]:
+    def run(prompts: list[list[int]], b: int) -> BatchRun:
         outs, latencies = [], []
         for start in range(0, len(prompts), b):
             chunk = prompts[start : start + b]
@@ -70,13 +71,23 @@ def hf_batch_generate(models: ModelSet, max_new_tokens: int, settings) -> Callab
             out = models.target.generate(ids, attention_mask=mask, generation_config=config)
             latencies += [time.perf_counter() - began] * len(chunk)
             outs += [row[width:].tolist() for row in out]
-        return outs, latencies
+        return BatchRun(outs, latencies)
 
     return run
 
 
+class BatchRun(NamedTuple):
+    """One method's decode of the prompts at one batch size: outputs and per-request latencies; ours also each
+    prompt's statistics and the model passes run (batched passes; batch 1: every prompt's, prefill included)."""
+
+    tokens: list[list[int]]
+    latencies: list[float]
+    stats: list | None = None
+    passes: dict[str, int] | None = None
+
+
 def _ours(models: ModelSet, method: BenchMethod) -> Callable:
-    """`(prompts, b) -> (outputs, per-request latencies, stats)` of one of our methods; batch 1 is the plain decode."""
+    """`(prompts, b) -> BatchRun` of one of our methods; batch 1 is the plain decode, one prompt at a time."""
 
     def run(prompts: list[list[int]], b: int):
         if b == 1:
@@ -90,8 +101,8 @@ def _ours(models: ModelSet, method: BenchMethod) -> Callable:
         else:
             results, batch = models.generate_batch(prompts, method.policy, batch_size=b)
             passes = dict(batch.passes)
-        return ([r.token_ids for r in results], [r.stats.wall_time_s for r in results], [r.stats for r in results],
-                passes)
+        return BatchRun([r.token_ids for r in results], [r.stats.wall_time_s for r in results],
+                        [r.stats for r in results], passes)
 
     return run
 
@@ -121,15 +132,13 @@ def run_batch_benchmark(models: ModelSet, prompts: list[list[int]], methods: lis
         tokens[b], passes[b], model_passes[b] = {}, {}, {}
         for name in names:
             out = runs[name](prompts, b)
-            tokens[b][name] = out[0]
-            stats = out[2] if len(out) > 2 else None
-            passes[b][name] = (sum(s.passes.get("target", 0) for s in stats) / n_tokens) if stats else None
-            # the passes the models ran, counted as batched passes (batch 1: every prompt's, prefill included)
-            model_passes[b][name] = out[3] if len(out) > 3 else None
+            tokens[b][name] = out.tokens
+            passes[b][name] = sum(s.passes.get("target", 0) for s in out.stats) / n_tokens if out.stats else None
+            model_passes[b][name] = out.passes
     # the reference: the target's greedy tokens, one prompt at a time (`ar`'s plain decode)
     base = next((m for m in methods if m.name == "ar"), None) or BenchMethod(
         "ar", DecodePolicy(method="ar", max_new_tokens=max_new_tokens, eos_token_ids=()))
-    reference = tokens[1]["ar"] if 1 in tokens and "ar" in tokens[1] else _ours(models, base)(prompts, 1)[0]
+    reference = tokens[1]["ar"] if 1 in tokens and "ar" in tokens[1] else _ours(models, base)(prompts, 1).tokens
     # every lossless method at every batch size against the reference; a numerical tie of the target is listed
     ties = []
     for b in batch_sizes:
@@ -148,7 +157,7 @@ def run_batch_benchmark(models: ModelSet, prompts: list[list[int]], methods: lis
                 out = runs[name](prompts, b)
                 seconds = time.perf_counter() - start
                 rates[b, name].append(n_tokens / seconds)
-                latency[b, name].append(statistics.mean(out[1]))
+                latency[b, name].append(statistics.mean(out.latencies))
                 bar.update()
     table = []
     for b in batch_sizes:

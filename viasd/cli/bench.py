@@ -62,7 +62,8 @@ def renamed(name: str) -> str:
 
 
 def _bench(args) -> int:
-    from ..bench.command import bench_record, default_methods, run_bench_stage, run_sweep
+    from ..bench.command import bench_record, default_methods, run_bench_stage
+    from ..bench.sweeps import run_sweep
 
     params = load_params(args)
     for name, value in (("--prompts", args.prompts), ("--repeats", args.repeats)):
@@ -116,7 +117,7 @@ def _bench(args) -> int:
 
 
 def _batch(args, params, pair: str, methods, engine) -> int:
-    from ..bench.command import batch_record, run_batch_sweep
+    from ..bench.sweeps import batch_record, run_batch_sweep
 
     if args.sweep:
         raise ViasdError("--batch and --sweep are two different runs: give one")
