@@ -42,6 +42,7 @@ onstart:
 
 onsuccess:
     end_parent("FINISHED")
+    record_in_dvc()
 
 
 onerror:

@@ -147,3 +147,49 @@ def test_a_worker_beyond_the_configured_count_is_one_clear_error(command, key, c
     code = main([command, "--params", str(REPO / "params.yaml"), "--no-track", "--worker", "3"])
     err = capsys.readouterr().err
     assert code == 2 and err.strip() == f"viasd: error: --worker 3: {key} is 1, so K must be in 1..1"
+
+
+def test_no_private_optuna_name_is_used():
+    """The searches go through Optuna's public API only (its loop, callbacks, storages and heartbeats)."""
+    import re
+
+    private = re.compile(r"\boptuna(\.\w+)*\._\w+|\b(study|trial|storage)\._\w+|\bfrom optuna\S* import _")
+    repo = Path(__file__).resolve().parent.parent
+    used = [f"{path.relative_to(repo)}:{n}" for path in (repo / "viasd").rglob("*.py")
+            for n, line in enumerate(path.read_text().splitlines(), 1) if private.search(line)]
+    assert not used, used
+
+
+def test_optuna_dashboard_opens_a_search_storage_as_it_is(tmp_path):
+    """The README's `optuna-dashboard <storage>`: a search's SQLite storage, served as it is, lists the study and
+    its trials with their user attributes."""
+    import shutil
+    import socket
+    import urllib.request
+
+    dashboard = shutil.which("optuna-dashboard", path=str(Path(sys.executable).parent))
+    assert dashboard, "optuna-dashboard is a test dependency (pyproject's test extra)"
+    _finish(_worker(tmp_path, 0, 1, 3))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([dashboard, f"sqlite:///{tmp_path / 'search.db'}", "--port", str(port), "--quiet"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5) as response:
+                    studies = json.loads(response.read())["study_summaries"]
+                break
+            except OSError:
+                assert time.monotonic() < deadline and server.poll() is None, "optuna-dashboard did not come up"
+                time.sleep(0.3)
+        (study,) = [s for s in studies if s["study_name"] == "search"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{study['study_id']}", timeout=10) as response:
+            trials = json.loads(response.read())["trials"]
+        assert len(trials) == 3 and all(t["state"] == "Complete" for t in trials)
+        assert all({a["key"] for a in t["user_attrs"]} == {"worker"} for t in trials)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -12,6 +12,7 @@ from study_fixtures import smoke_params
 
 from viasd import config, load_models
 from viasd.decoding.tier_router import headroom_share
+from viasd.errors import ViasdError
 from viasd.search.choice import InfeasibleError
 from viasd.search.pass_cost import cost_per_token, costs_from_json
 from viasd.search.thresholds import POLICY_KEYS
@@ -140,6 +141,14 @@ def test_generate_decodes_a_study_cell_as_the_study_does(study, capsys):
         assert out["token_ids"] == row["token_ids"] and out["stats"]["method"] == "viasd"
     assert {k: out["policy"][k] for k in POLICY_KEYS} == {k: tuned[k] for k in POLICY_KEYS}
     assert out["policy"]["max_new_tokens"] == params.max_new_tokens("stdlib_continuation")
+    # the same cell from Python (the README's `load_study_run`): the same policy, the decode stage's tokens
+    from viasd import load_study_run
+
+    models, policy = load_study_run(src, task="stdlib_continuation", run="viasd")
+    assert json.loads(json.dumps(policy.as_record())) == out["policy"]
+    assert models.generate(examples[-1].prompt, policy).token_ids == rows[-1]["token_ids"]
+    with pytest.raises(ViasdError, match="task 'nope' is not a task of the study"):
+        load_study_run(src, task="nope")
     other = 5 if tuned["gamma"] != 5 else 4  # a gamma the search did not choose
     assert main([*cell, "--gamma", str(other), "--prompt", examples[0].prompt]) == 0
     changed = json.loads(capsys.readouterr().out)["policy"]

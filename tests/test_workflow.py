@@ -56,6 +56,12 @@ def test_snakemake_and_dvc_dags_do_not_drift(repo, config):
     assert {job["rule"] for job in jobs.values()} & spread == ({"thresholds_search"} if config == "smoke" else set())
     markers = {out for job in jobs.values() if job["rule"] in spread for out in job["outputs"]}
     jobs = {cmd: {**job, "inputs": job["inputs"] - markers} for cmd, job in jobs.items() if job["rule"] not in spread}
+    # each rule's one parameter file (viasd/study/stage_params.py): Snakemake's view of the parameters DVC reads from
+    # params.yaml itself
+    for cmd, job in jobs.items():
+        recorded = {p for p in job["inputs"] if p.startswith(".viasd/params/")}
+        assert len(recorded) == 1 and next(iter(recorded)).startswith(f".viasd/params/{job['rule']}/"), (cmd, recorded)
+        job["inputs"] -= recorded
     assert set(jobs) == set(stages), (set(jobs) ^ set(stages))
     assert len(jobs) >= 7
 
@@ -288,15 +294,38 @@ DVC_RUNS = ["ar", "sd", "viasd"]  # DVC runs stages one at a time: a smaller gri
 
 @pytest.mark.slow
 def test_dvc_repro_reruns_only_what_a_parameter_change_touches(repo):
+    """The README's path: the study through Snakemake; DVC then finds it current, an edited decode parameter
+    re-runs exactly decode, evaluate and report under `dvc repro`, and Snakemake then finds nothing to do (and
+    the other way round); then DVC's metrics, experiments, queue and remote on the same study."""
     (repo / "grid.yaml").write_text(yaml.safe_dump({"study": {"runs": DVC_RUNS}}))
     run([str(BIN / "viasd"), "resolve-params", "--config", "config/smoke.yaml", "--config", "grid.yaml",
          "-o", "params.yaml"], repo)
-    first = run([str(BIN / "dvc"), "repro"], repo, timeout=1200)
-    ran = _stages_run(first.stdout)
-    assert {"prepare_corpus", "train_draft", "report"} <= ran and len(ran) == len(dvc_stages(repo))
-    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
-    assert "report" in lock and (repo / "reports-smoke" / "summary.md").exists()
+    snakemake(repo, "--cores", "2", "all", timeout=1200)
+    assert (repo / "reports-smoke" / "summary.md").exists()
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]  # recorded by the run's success
+    assert {"prepare_corpus", "train_draft", "report"} <= set(lock) and len(lock) == len(dvc_stages(repo))
     assert "Data and pipelines are up to date" in run([str(BIN / "dvc"), "status"], repo).stdout
+
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    gamma = params["decode"]["gamma"]
+    params["decode"]["gamma"] = gamma + 1
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    ran = _stages_run(run([str(BIN / "dvc"), "repro"], repo, timeout=1200).stdout)
+    # one decode and one evaluate stage per pair x task (every run of the grid in it)
+    assert ran == {"decode@smoke-stdlib_continuation", "evaluate@smoke-stdlib_continuation", "report"}, ran
+    assert "Data and pipelines are up to date" in run([str(BIN / "dvc"), "status"], repo).stdout
+    again = snakemake(repo, "-n", "all")
+    assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-3000:]
+    # and the other way round: Snakemake re-runs the same three, and DVC then finds them current
+    params["decode"]["gamma"] = gamma
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    planned = snakemake(repo, "-n", "all")
+    assert _planned_rules(planned.stdout + planned.stderr) == {"decode", "evaluate", "report", "all"}
+    snakemake(repo, "--cores", "2", "all")
+    assert "Data and pipelines are up to date" in run([str(BIN / "dvc"), "status"], repo).stdout
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    gamma_locked = next(p for p in lock["decode@smoke-stdlib_continuation"]["params"].values())["decode"]["gamma"]
+    assert gamma_locked == gamma
 
     # the MLflow tags carry the hashes DVC recorded for the same inputs
     from mlflow.tracking import MlflowClient
@@ -307,13 +336,12 @@ def test_dvc_repro_reruns_only_what_a_parameter_change_touches(repo):
     deps = {d["path"]: d["md5"] for d in lock["decode@smoke-stdlib_continuation"]["deps"]}
     assert tags["dvc_md5.model.target"] == deps["models-smoke/smoke/target"]
     assert tags["dvc_md5.thresholds"] == deps["models-smoke/thresholds/smoke-stdlib_continuation"]
-    # one parent run for the invocation: every stage's run nested under it, FINISHED with the last stage
+    # one parent run for the DVC invocation: its stages' runs nested under it, FINISHED with the last stage
     runs = client.search_runs([exp.experiment_id], max_results=1000)
-    parents = [r for r in runs if r.data.tags.get("stage") == "study"]
-    assert len(parents) == 1 and parents[0].info.status == "FINISHED" and "viasd.dvc_invocation" in parents[0].data.tags
-    stages = [r for r in runs if r.data.tags.get("stage") not in ("study", "trial")]
-    assert len(stages) >= 8  # training, searches, decodes, evaluations, report: all nested
-    assert {r.data.tags.get("mlflow.parentRunId") for r in stages} == {parents[0].info.run_id}
+    parents = [r for r in runs if r.data.tags.get("stage") == "study" and "viasd.dvc_invocation" in r.data.tags]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    nested = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert {r.data.tags.get("stage") for r in nested} == {"decode", "evaluate", "report"}
 
     # the study's headline is DVC's metrics file; an experiment on a parameter re-runs what it touches only
     metrics = json.loads(run([str(BIN / "dvc"), "metrics", "show", "--json"], repo).stdout)

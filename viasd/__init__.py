@@ -16,6 +16,7 @@ from .decoding.slim import RoutingMask, SlimVerifier
 from .decoding.stats import DecodeStats
 from .errors import ViasdError
 from .models import ModelSet, load_model, load_models, load_tokenizer
+from .study.cells import load_study_run
 
 __all__ = [
     "BatchStats",
@@ -32,6 +33,7 @@ __all__ = [
     "decode_batch",
     "load_model",
     "load_models",
+    "load_study_run",
     "load_tokenizer",
 ]
 

@@ -136,6 +136,15 @@ def load_params(args):
 
 
 
+def record_params(args, rule: str, **wildcards: str) -> None:
+    """Record the parameters this stage instance runs with (`study.stage_params`), before it writes anything:
+    Snakemake then takes its outputs for current whoever ran it (DVC, or a person at a shell)."""
+    from .. import config
+    from ..study.stage_params import record_stage_params
+
+    record_stage_params(config.resolve(args.params, args.config), rule, args.params.resolve().parent, **wildcards)
+
+
 def add_pair(p) -> None:
     p.add_argument("--pair", help="a pair of study.pairs (default: the first)")
 

@@ -205,8 +205,7 @@ def _direct(args):
 
 def _study_cell(args):
     """Policy and models of one study cell (`study.cells.GridCell`), with the command line's overrides."""
-    from ..study.cells import GridCell
-    from ..tasks import get_task
+    from ..study.cells import GridCell, study_policy
 
     given = [flag for dest, flag in MODEL_FLAGS.items() if getattr(args, dest) not in (None, [], False, "auto")]
     if given:
@@ -216,8 +215,7 @@ def _study_cell(args):
         raise ViasdError("--pair needs --task: the task whose tuned thresholds and stop strings apply")
     params, pair, (run,) = grid_cells(args, [args.run])
     cell = GridCell.of(params, pair.name, args.task, run)
-    base = cell.policy()
-    base = replace(base, stop_strings=tuple(dict.fromkeys(base.stop_strings + tuple(get_task(args.task).stop_strings))))
+    base = study_policy(cell)
     overrides = policy_overrides(args, base)
     if overrides:
         log.info("the study's policy for %s/%s/%s, with %s from the command line", cell.pair, cell.task,

@@ -15,6 +15,7 @@ from .common import (
     grid_cells,
     live_metric,
     load_params,
+    record_params,
     stage_parser,
     track,
 )
@@ -36,6 +37,12 @@ def _prepare_data(args) -> int:
         raise ViasdError("--task and --split select prompts: use them with --only tasks")
     params = load_params(args)
     if args.only in (None, "corpus"):
+        record_params(args, "prepare_corpus")
+    if args.only in (None, "tasks"):
+        for task in args.task or params.study.tasks:
+            for split in [args.split] if args.split else ["dev", "test"]:
+                record_params(args, "prepare_task", task=task, split=split)
+    if args.only in (None, "corpus"):
         track(args, params, run_prepare_corpus(params))
     if args.only in (None, "tasks"):
         track(args, params, run_prepare_tasks(params, args.task, args.split))
@@ -56,6 +63,7 @@ def _train_model(args) -> int:
     from ..stages.train_model import run_train_model
 
     params = load_params(args)
+    record_params(args, "train_model", role=args.role)
     live = live_metric(args, "train_loss", every=10)  # the loss while training runs, in the stage's open run
     _, report, record = run_train_model(params, args.role, on_step=live)
     track(args, params, record)
@@ -74,6 +82,7 @@ def _train_drafter(args) -> int:
     from ..stages.train_drafter import run_train_drafter
 
     params = load_params(args)
+    record_params(args, "train_drafter", drafter=args.drafter)
     live = live_metric(args, "train_loss", every=10)
     out, report, record = run_train_drafter(params, on_step=live)
     track(args, params, record)
@@ -116,6 +125,8 @@ def _dimr_search(args) -> int:
     params = load_params(args)
     pair = params.pair(args.pair)
     worker = worker_of(args, params.dimr.workers, "dimr.workers")
+    if not args.cost:
+        record_params(args, "dimr_search" if worker is None else "dimr_worker", pair=pair.name)
     for overrides in [{"cost": args.cost}] if args.cost else grid_searches(params):
         if worker is not None:
             run_dimr_stage(params, pair=pair, worker=worker, **overrides)
@@ -153,6 +164,8 @@ def _train_router(args) -> int:
 
     params = load_params(args)
     pair = params.pair(args.pair)
+    if not args.drafter:
+        record_params(args, "train_router", pair=pair.name)
     for drafter in [args.drafter] if args.drafter else router_drafters(params):
         out = run_router_stage(params, pair.name, drafter=drafter)
         track(args, params, router_record(params, out))
@@ -199,6 +212,8 @@ def _tune_thresholds(args) -> int:
     params = load_params(args)
     pair = params.pair(args.pair)
     worker = worker_of(args, params.thresholds.workers, "thresholds.workers")
+    if not args.slim:  # its workers and parts share the search's parameters
+        record_params(args, "tune_thresholds", pair=pair.name, task=args.task or params.thresholds.task)
     if args.search is not None:
         if worker is not None:
             raise ConfigError("--search and --worker: a search's part runs it alone; its trials are not shared")
@@ -231,6 +246,8 @@ def _decode(args) -> int:
     from ..stages.decode import decode_record, run_decode_stage
 
     params, pair, specs = grid_cells(args)
+    if not args.run and args.limit is None:  # the whole grid cell: what the study's rule runs
+        record_params(args, "decode", pair=pair.name, task=args.task)
     summaries = run_decode_stage(params, pair.name, args.task, [s.name for s in specs], args.limit)
     for spec, summary in zip(specs, summaries):  # one MLflow run per grid cell
         track(args, params, decode_record(params, pair.name, args.task, spec, summary))
@@ -251,6 +268,8 @@ def _evaluate(args) -> int:
     from ..stages.evaluate import evaluate_record, run_evaluate_stage
 
     params, pair, specs = grid_cells(args)
+    if not args.run:
+        record_params(args, "evaluate", pair=pair.name, task=args.task)
     outs = run_evaluate_stage(params, pair.name, args.task, [s.name for s in specs])
     for spec, out in zip(specs, outs):  # one MLflow run per grid cell
         track(args, params, evaluate_record(params, pair.name, args.task, spec, out))
@@ -269,6 +288,7 @@ def _report(args) -> int:
     from ..study.paths import report_paths
 
     params = load_params(args)
+    record_params(args, "report")
     out = run_report_stage(params)
     track(args, params, report_record(params, out))
     print(report_paths(params)["summary"])

@@ -1,40 +1,39 @@
 """One Optuna study's trials, run by one process or shared by many workers on one storage.
 
-A search (`dimr_search`, `tune_thresholds`) asks, evaluates and tells its trials through `run_trials`.
-With one worker (`Worker()`, the default and the pick job of a fanned-out search) it runs exactly what
-the study still lacks: `n_trials` COMPLETE trials, the sampler reseeded by the number completed, so a
-killed search resumes where it stopped and a finished one does nothing.
+A search (`dimr_search`, `tune_thresholds`) runs its trials through `run_trials`, which drives Optuna's own loop
+(`Study.optimize`) with Optuna's own machinery:
+- the budget is `optuna.study.MaxTrialsCallback`, counted in the storage: the study stops once `n_trials` trials are
+  COMPLETE (a serial search) or COMPLETE + RUNNING (a worker sharing the study: the RUNNING ones are other workers'
+  and complete there);
+- on a storage with heartbeats (an RDB storage, `search.storage`), `optimize` records each running trial's heartbeat
+  and, before each trial, fails the trials whose heartbeat went silent (a killed worker's); the storage's
+  `RetryHeartbeatStaleTrialCallback` enqueues each such point again, and the next trial runs it;
+- each trial's sampler is set by a callback: reseeded by the trials completed (a killed search resumes where it
+  stopped, its sampler where it was), offset per worker (`Worker.seed`), so two workers do not propose the same point.
 
-With several workers on one storage (`Worker(index, count)`, `thresholds.workers` / `dimr.workers`) the
-budget is counted in the storage, not per process:
-- a worker starts a trial only while COMPLETE + RUNNING trials number fewer than `n_trials`, and a trial
-  it asked for that turns out to be beyond the budget (two workers asked at the same moment: the
-  storage numbers trials atomically, so the later number loses) is told FAIL unrun (user attr
-  `surplus`); so exactly `n_trials` complete across workers and resumes;
-- each worker's sampler has its own seed (`Worker.seed`), so two workers do not propose the same point;
-  worker 0 with one worker is the serial search's seed;
-- on a storage with heartbeats (an RDB storage, see `search.storage`), each running trial's heartbeat
-  is recorded every `heartbeat_interval` seconds; before asking, a worker fails trials whose heartbeat
-  is older than the grace period (a killed worker's) and the storage's stale-trial callback enqueues
-  them again (`RetryHeartbeatStaleTrialCallback`): the next ask runs that point. A worker whose budget is
-  full of other workers' RUNNING trials waits for them to finish or go stale. Without heartbeats (a
-  journal file) it stops instead, and the serial pick job completes whatever a lost worker left.
+What Optuna does not do, kept here and small:
+- two workers that each see one trial of budget left ask at the same moment: `MaxTrialsCallback` runs after a trial,
+  so it cannot stop the second. The storage numbers trials atomically, so the trial whose lower-numbered COMPLETE and
+  RUNNING trials already fill the budget is the surplus: it is pruned unrun (user attr `surplus`), and exactly
+  `n_trials` complete;
+- a worker whose budget is full of other workers' RUNNING trials waits (`poll_s`) for them to complete, or to go
+  stale and come back enqueued, which `optimize` alone would not (it stops). Without heartbeats (a journal file) it
+  stops instead, and the serial pick job completes whatever a lost worker left;
+- a serial run shares the study with no running process, so a trial it finds RUNNING was left by one that was
+  killed: it is marked FAIL first (a resumed study shows no trial running forever, and a sampler does not treat its
+  point as pending);
+- a trial failed as stale while its worker was only paused (longer than the grace period) cannot be told its value:
+  Optuna raises, and the worker logs it and goes on (the point runs again from the queue).
 
 A search can also be run whole by a process of its own that writes nothing (`Worker(part=True)`, the
 `thresholds.split_searches` jobs): it runs the search's trials exactly as the serial search would (the
 serial seeds), leaving the choice and the outputs to the stage's final serial run, which finds the study
 complete. The searches of a stage then spread over processes without changing a trial.
-
-A serial run (one worker, or the pick job after the workers) shares the study with no running process, so
-a trial it finds RUNNING was left by one that was killed: it is marked FAIL before the run goes on (a
-resumed study shows no trial running forever, and a sampler does not treat its point as pending).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -94,43 +93,6 @@ def heartbeat_interval(storage) -> int | None:
     return get_interval() if callable(get_interval) else None
 
 
-def trial_id(storage, study, number: int) -> int:
-    """The storage's id of trial `number` of `study` (what its heartbeats are recorded under)."""
-    return storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study.study_name), number)
-
-
-@contextlib.contextmanager
-def heartbeat(storage, trial_id: int, interval: int | None):
-    """Record `trial_id`'s heartbeat now and every `interval` seconds until the block ends (no-op
-    without an interval). A process that dies stops beating: its trial goes stale."""
-    if not interval:
-        yield
-        return
-    storage.record_heartbeat(trial_id)
-    stop = threading.Event()
-
-    def beat():
-        while not stop.wait(interval):
-            try:
-                storage.record_heartbeat(trial_id)
-            except Exception as err:  # noqa: BLE001 - a missed beat must not kill the trial; the next one retries
-                log.warning("heartbeat of trial %d not recorded: %s", trial_id, err)
-
-    thread = threading.Thread(target=beat, name=f"optuna-heartbeat-{trial_id}", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-
-
-def _fail_stale(study) -> None:
-    import optuna
-
-    optuna.storages.fail_stale_trials(study)
-
-
 def run_trials(study, storage, n_trials: int, sampler_for: Callable[[int], object], evaluate: Callable,
                worker: Worker = SERIAL, on_trial: Callable | None = None, poll_s: float | None = None) -> list:
     """Run trials of `study` until it holds `n_trials` COMPLETE ones (or, for a shared worker, until the
@@ -139,10 +101,12 @@ def run_trials(study, storage, n_trials: int, sampler_for: Callable[[int], objec
     `sampler_for(completed)`: the sampler of the next trial, given how many have completed (seed it
     with `worker.seed`); `evaluate(trial)`: runs the trial and returns its objective value (it may set
     user attributes and constraints); `on_trial(frozen)`: after each trial this worker completes (a
-    progress bar); `storage`: the study's storage object (or URL), for heartbeats; `poll_s`: how long a
-    shared worker waits between looks at other workers' running trials (default: the heartbeat interval).
+    progress bar); `storage`: the study's storage object (or URL), to know whether it keeps heartbeats; `poll_s`:
+    how long a shared worker waits between looks at other workers' running trials (default: the heartbeat
+    interval).
     """
     import optuna
+    from optuna.study import MaxTrialsCallback
 
     TrialState = optuna.trial.TrialState
     interval = heartbeat_interval(storage)
@@ -151,38 +115,48 @@ def run_trials(study, storage, n_trials: int, sampler_for: Callable[[int], objec
         for stopped in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             log.warning("trial %d was left running by a process that stopped: marked failed", stopped.number)
             study.tell(stopped.number, state=TrialState.FAIL)
+
+    def complete() -> int:
+        return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+
+    def objective(trial) -> float:
+        if worker.shared and _surplus(study, trial.number, n_trials):
+            trial.set_user_attr("surplus", True)
+            raise optuna.TrialPruned("beyond the trial budget: other workers asked for its place first")
+        return evaluate(trial)
+
+    def after(study_, frozen) -> None:
+        study_.sampler = sampler_for(complete())
+        if frozen.state == TrialState.COMPLETE and on_trial is not None:
+            on_trial(frozen)
+
+    budget = MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE, TrialState.RUNNING) if worker.shared
+                               else (TrialState.COMPLETE,))
     while True:
         if interval:
-            _fail_stale(study)
+            optuna.storages.fail_stale_trials(study)
         trials = study.get_trials(deepcopy=False)
-        complete = sum(t.state == TrialState.COMPLETE for t in trials)
-        if complete >= n_trials:
+        done = sum(t.state == TrialState.COMPLETE for t in trials)
+        if done >= n_trials:
             break
         waiting = any(t.state == TrialState.WAITING for t in trials)
         running = sum(t.state == TrialState.RUNNING for t in trials) if worker.shared else 0
-        if complete + running >= n_trials and not waiting:
+        if done + running >= n_trials and not waiting:
             if not interval:
-                log.info("%s: the remaining %d trial(s) run elsewhere; stopping", worker, n_trials - complete)
+                log.info("%s: the remaining %d trial(s) run elsewhere; stopping", worker, n_trials - done)
                 break
             time.sleep(poll_s)  # wait for them to complete, or to go stale and be enqueued again
             continue
-        study.sampler = sampler_for(complete)
-        trial = study.ask()
-        if worker.shared and _surplus(study, trial.number, n_trials):
-            trial.set_user_attr("surplus", True)
-            study.tell(trial, state=TrialState.FAIL)
-            continue
-        with heartbeat(storage, trial_id(storage, study, trial.number) if interval else None, interval):
-            value = evaluate(trial)
-        frozen = study.tell(trial, value, skip_if_finished=True)
-        if frozen.state != TrialState.COMPLETE:  # failed as stale meanwhile (a long pause): enqueued again
-            log.warning("%s: trial %d was failed as stale by another worker; its point runs again", worker,
-                        trial.number)
-        elif on_trial is not None:
-            on_trial(frozen)
-    complete = sorted((t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE),
+        study.sampler = sampler_for(done)
+        try:
+            study.optimize(objective, callbacks=[budget, after])
+        except ValueError as err:  # told after its trial was failed as stale (a long pause): its point runs again
+            if "Cannot tell a FAIL trial" not in str(err):
+                raise
+            log.warning("%s: a trial was failed as stale by another worker; its point runs again", worker)
+    finished = sorted((t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE),
                       key=lambda t: t.number)
-    return complete[:n_trials] if worker.shared else complete
+    return finished[:n_trials] if worker.shared else finished
 
 
 def _surplus(study, number: int, n_trials: int) -> bool:

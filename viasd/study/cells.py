@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -207,3 +208,34 @@ def input_files(params: Params, pair: Pair, task: str | None = None, run: str | 
         if "thresholds" in files:  # DVC tracks (and hashes) the pair x task's thresholds as one directory
             files["thresholds"] = files["thresholds"].parent
     return files
+
+
+def study_policy(cell: GridCell) -> DecodePolicy:
+    """The cell's policy with its task's stop strings added (what the decode stage and `viasd generate --pair`
+    decode with)."""
+    from dataclasses import replace
+
+    from ..tasks import get_task
+
+    base = cell.policy()
+    return replace(base, stop_strings=tuple(dict.fromkeys(base.stop_strings + tuple(get_task(cell.task).stop_strings))))
+
+
+def load_study_run(study: str | Path = ".", task: str | None = None, pair: str | None = None, run: str = "viasd",
+                   config: Sequence[str | Path] = (), device: str | None = None):
+    """The models and decoding policy of one run of a finished study: the pair's models with the run's slim
+    verifier, its learned router and tuned thresholds, the task's stop strings, as the study decoded the task.
+
+    `study`: the study's directory (its params.yaml; paths in it are relative to it) or the params file itself;
+    `config`: files merged over it (as `--config`); `task`: default `thresholds.task`; `pair`: default the first of
+    `study.pairs`; `run`: a run of the grid (`viasd`, `sd`, `viasd-rules`, ...). Returns `(ModelSet, DecodePolicy)`."""
+    from ..config import load
+
+    path = Path(study)
+    params = load(path / "params.yaml" if path.is_dir() else path, list(config))
+    task = task or params.thresholds.task
+    if task not in params.tasks:
+        raise ConfigError(f"task {task!r} is not a task of the study (tasks: {', '.join(params.tasks)})")
+    cell = GridCell.of(params, params.pair(pair).name, task, run)
+    policy = study_policy(cell)
+    return cell.load_models(policy, device), policy

@@ -4,10 +4,12 @@
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
 
 from viasd import config as viasd_config
 from viasd.study.runs import parse_run
 from viasd.study.slims import search_order, slims_to_tune
+from viasd.study.stage_params import record_stage_params
 
 import os
 
@@ -61,14 +63,14 @@ def feature_drafter(pair, methods=None):
     return [f"{MODELS}/{FAMILY}/feature_drafter"]
 
 
-def task_params(wildcards):
-    return config["tasks"][wildcards.task]
+def params_file(rule):
+    """The rule's slice of the parameters as an input file, rewritten only when a value in it changes
+    (viasd/study/stage_params.py says why: Snakemake and DVC then agree on what is up to date)."""
 
+    def path(wildcards):
+        return str(record_stage_params(config, rule, ".", **dict(wildcards.items())))
 
-def task_split_params(wildcards):
-    """A task's settings for one split: all but the other split's prompt count."""
-    other = "test" if wildcards.split == "dev" else "dev"
-    return {k: v for k, v in config["tasks"][wildcards.task].items() if k != f"{other}_prompts"}
+    return path
 
 
 # a model job asks a cluster for a GPU only where the study runs its models on one (models.device cuda or
@@ -118,3 +120,21 @@ def end_parent(status):
     run_id = os.environ.get(PARENT_RUN)
     if run_id:
         shell(f"viasd tracking-init {VIASD_ARGS} --end-parent {run_id} --status {status}")
+
+
+def record_in_dvc():
+    """After a successful run of the whole study, record its outputs in dvc.lock (`dvc commit -f`), so that `dvc
+    status` finds them current and `dvc repro` re-runs only what a later change touches. Only when this run's
+    parameters are params.yaml's (DVC reads nothing else: with --configfile, `viasd resolve-params` writes the merged
+    file first) and it reached `all` (a partial target leaves other stages' outputs behind their parameters)."""
+    import shutil
+
+    targets = set(workflow.dag_settings.targets or ())
+    if targets - {"all"} or not Path(".dvc").is_dir() or shutil.which("dvc") is None:
+        return
+    if _resolved != viasd_config.resolve("params.yaml"):
+        logger.info("viasd: dvc.lock not updated: this run's parameters merge --configfile files that DVC does "
+                    "not read (`viasd resolve-params --config FILE -o params.yaml` makes them params.yaml's)")
+        return
+    shell("dvc commit --force --quiet")
+    logger.info("viasd: dvc.lock records this run's outputs (dvc status: up to date)")

@@ -11,15 +11,12 @@ rule decode:
         router=f"{MODELS}/routers/{{pair}}",
         # the runs with a drafter_feature ablation draft with the family's feature drafter
         drafter=lambda w: feature_drafter(w.pair),
+        params=params_file("decode"),
     output:
         rows=expand(f"{REPORTS}/decode/{{{{pair}}}}/{{{{task}}}}/{{run}}.jsonl", run=RUNS),
         summaries=expand(f"{REPORTS}/decode/{{{{pair}}}}/{{{{task}}}}/{{run}}.json", run=RUNS),
     params:
         viasd=VIASD_ARGS,
-        seed=config["seed"],
-        decode=config["decode"],
-        task=task_params,
-        runs=STUDY["runs"],
     # one thread: at batch 1 a small model gains little from a second thread, while two one-thread jobs side by side
     # each keep most of their speed (README, "Cores and threads"); more with --set-threads decode=N
     threads: 1

@@ -8,6 +8,7 @@ rule dimr_search:
         f"{DATA}/corpus",
         models=lambda w: pair_models(w.pair, ["target", "draft", "independent"]),
         workers=lambda w: search_workers("dimr", w.pair),
+        params=params_file("dimr_search"),
     output:
         masks=directory(f"{MODELS}/masks/{{pair}}"),
         plots=report(
@@ -19,9 +20,6 @@ rule dimr_search:
         ),
     params:
         viasd=VIASD_ARGS,
-        seed=config["seed"],
-        dimr=config["dimr"],
-        runs=STUDY["runs"],
     threads: 2
     resources:
         gpu=GPU,
@@ -43,13 +41,11 @@ rule dimr_worker:
     input:
         f"{DATA}/calibration.parquet",
         models=lambda w: pair_models(w.pair, ["target", "draft"]),
+        params=params_file("dimr_worker"),
     output:
         f"{MODELS}/workers/dimr/{{pair}}/worker-{{k}}.json",
     params:
         viasd=VIASD_ARGS,
-        seed=config["seed"],
-        dimr={k: v for k, v in config["dimr"].items() if k != "baselines"},
-        runs=STUDY["runs"],
     threads: 2
     resources:
         gpu=GPU,

@@ -5,12 +5,11 @@ rule evaluate:
         rows=expand(f"{REPORTS}/decode/{{{{pair}}}}/{{{{task}}}}/{{run}}.jsonl", run=RUNS),
         summaries=expand(f"{REPORTS}/decode/{{{{pair}}}}/{{{{task}}}}/{{run}}.json", run=RUNS),
         models=lambda w: pair_models(w.pair, ["target"]),  # its tokenizer (the decode scored the outputs)
+        params=params_file("evaluate"),
     output:
         expand(f"{REPORTS}/eval/{{{{pair}}}}/{{{{task}}}}/{{run}}.json", run=RUNS),
     params:
         viasd=VIASD_ARGS,
-        task=task_params,
-        runs=STUDY["runs"],
     threads: 1
     resources:
         mem_mb=4000,

@@ -1,6 +1,8 @@
 rule prepare_corpus:
     """Stdlib corpus splits, tokenizer, token datasets, calibration set: what training and the mask
     search read (no task prompt, so a task's settings never retrain a model)."""
+    input:
+        params=params_file("prepare_corpus"),
     output:
         tokenizer=directory(f"{DATA}/tokenizer"),
         corpus=directory(f"{DATA}/corpus"),
@@ -8,8 +10,6 @@ rule prepare_corpus:
         manifest=f"{DATA}/manifest.json",
     params:
         viasd=VIASD_ARGS,
-        seed=config["seed"],
-        data=config["data"],
     log:
         "logs/prepare_corpus.log",
     benchmark:
@@ -26,12 +26,11 @@ rule prepare_task:
     input:
         tokenizer=f"{DATA}/tokenizer",
         manifest=f"{DATA}/manifest.json",
+        params=params_file("prepare_task"),
     output:
         f"{DATA}/tasks/{{task}}/{{split}}.jsonl",
     params:
         viasd=VIASD_ARGS,
-        seed=config["seed"],
-        task=task_split_params,
     log:
         "logs/prepare_task/{task}-{split}.log",
     benchmark:

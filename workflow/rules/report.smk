@@ -8,6 +8,7 @@ rule report:
         thresholds=expand(f"{MODELS}/thresholds/{{pair}}-{{task}}", pair=STUDY["pairs"], task=STUDY["tasks"]),
         # the router's held-out AUC and ECE
         routers=expand(f"{MODELS}/routers/{{pair}}", pair=STUDY["pairs"]),
+        params=params_file("report"),
     output:
         summary=report(f"{REPORTS}/summary.md", caption="../report/summary.rst", category="Summary"),
         metrics=f"{REPORTS}/metrics.json",
@@ -26,8 +27,6 @@ rule report:
         ),
     params:
         viasd=VIASD_ARGS,
-        study=STUDY,
-        thresholds=config["thresholds"],
     log:
         "logs/report.log",
     benchmark:

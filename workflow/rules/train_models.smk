@@ -4,14 +4,11 @@ rule train_model:
         CORPUS,
         # the draft is distilled from the target (DVC's train_draft stage has the same dependency)
         teacher=lambda w: pair_models(FAMILY, ["target"]) if w.role == "draft" else [],
+        params=params_file("train_model"),
     output:
         directory(f"{MODELS}/{FAMILY}/{{role}}"),
     params:
         viasd=VIASD_ARGS,
-        seed=config["seed"],
-        arch=lambda w: config["models"]["families"][FAMILY],
-        context=config["models"]["families"][FAMILY]["context"],
-        train=config["train"],
     threads: 4
     resources:
         gpu=GPU,
@@ -33,13 +30,11 @@ rule train_drafter:
     input:
         CORPUS,
         target=pair_models(FAMILY, ["target"]),
+        params=params_file("train_drafter"),
     output:
         directory(f"{MODELS}/{FAMILY}/{{drafter}}_drafter"),
     params:
         viasd=VIASD_ARGS,
-        seed=config["seed"],
-        arch=lambda w: config["models"]["families"][FAMILY].get(f"{w.drafter}_drafter"),
-        train=config["train"],
     threads: 4
     resources:
         gpu=GPU,

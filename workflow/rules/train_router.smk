@@ -8,6 +8,7 @@ rule train_router:
         masks=f"{MODELS}/masks/{{pair}}",
         # a viasd-drafter_feature run: a router refitted on the feature drafter's blocks too
         drafter=lambda w: feature_drafter(w.pair, ["viasd"]),
+        params=params_file("train_router"),
     output:
         router=directory(f"{MODELS}/routers/{{pair}}"),
         plots=report(
@@ -19,9 +20,6 @@ rule train_router:
         ),
     params:
         viasd=VIASD_ARGS,
-        seed=config["seed"],
-        router=config.get("router", {}),
-        gamma=config["thresholds"]["gamma"],
     # main's threshold search waits for it; the hand rules' searches (thresholds.split_searches) run beside it,
     # else it runs alone: both cores
     priority: 1

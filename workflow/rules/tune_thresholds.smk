@@ -10,6 +10,7 @@ rule tune_thresholds:
         drafter=lambda w: feature_drafter(w.pair, ["sd", "viasd"]),
         workers=lambda w: search_workers("thresholds", f"{w.pair}-{w.task}"),
         searches=lambda w: search_parts(w.pair, w.task),
+        params=params_file("tune_thresholds"),
     output:
         thresholds=directory(f"{MODELS}/thresholds/{{pair}}-{{task}}"),
         plots=report(
@@ -21,11 +22,6 @@ rule tune_thresholds:
         ),
     params:
         viasd=VIASD_ARGS,
-        seed=config["seed"],
-        thresholds=config["thresholds"],
-        # the dev prompts come from dev.jsonl: the task's prompt counts are not parameters of the search
-        max_new_tokens=lambda w: config["tasks"][w.task].get("max_new_tokens"),
-        runs=STUDY["runs"],
     # one thread (see decode.smk): the two tasks' searches run side by side on two cores
     threads: 1
     resources:
@@ -50,14 +46,11 @@ rule thresholds_worker:
         models=lambda w: pair_models(w.pair, ["target", "draft", "independent"]),
         masks=f"{MODELS}/masks/{{pair}}",
         router=f"{MODELS}/routers/{{pair}}",
+        params=params_file("tune_thresholds"),
     output:
         f"{MODELS}/workers/thresholds/{{pair}}-{{task}}/worker-{{k}}.json",
     params:
         viasd=VIASD_ARGS,
-        seed=config["seed"],
-        thresholds=config["thresholds"],
-        max_new_tokens=lambda w: config["tasks"][w.task].get("max_new_tokens"),
-        runs=STUDY["runs"],
     threads: 1
     resources:
         gpu=GPU,
@@ -84,6 +77,7 @@ rule thresholds_search:
         # only main's search draws the learned router: the hand rules' search runs beside the router's fit
         router=lambda w: [f"{MODELS}/routers/{w.pair}"] if w.search == "main" else [],
         first=lambda w: [m for m in search_parts(w.pair, w.task, first=True) if not m.endswith(f"-{w.search}.json")],
+        params=params_file("tune_thresholds"),
     output:
         f"{MODELS}/workers/thresholds/{{pair}}-{{task}}/search-{{search}}.json",
     # the learned router's search is the longest (thresholds.n_trials): started first, the slim ablations'
@@ -91,10 +85,6 @@ rule thresholds_search:
     priority: lambda w: 1 if w.search == "main" else 0
     params:
         viasd=VIASD_ARGS,
-        seed=config["seed"],
-        thresholds=config["thresholds"],
-        max_new_tokens=lambda w: config["tasks"][w.task].get("max_new_tokens"),
-        runs=STUDY["runs"],
     threads: 1
     resources:
         gpu=GPU,

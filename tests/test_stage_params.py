@@ -1,0 +1,50 @@
+"""Each stage's parameter slice as a file (`study.stage_params`): rewritten only when a value in it changes, so
+Snakemake re-runs what an edit touches and takes what DVC or a person ran for current."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+from workflow_helpers import REPO
+
+from viasd import config
+from viasd.study.stage_params import record_stage_params, stage_params_path
+
+
+def _touch_back(path, seconds=100):
+    """Set `path`'s time `seconds` into the past, so a rewrite would show."""
+    t = path.stat().st_mtime - seconds
+    os.utime(path, (t, t))
+    return path.stat().st_mtime
+
+
+def test_a_slice_is_rewritten_only_when_its_values_change(tmp_path):
+    cfg = config.resolve(REPO / "params.yaml")
+    decode = record_stage_params(cfg, "decode", tmp_path, pair="default", task="stdlib_continuation")
+    search = record_stage_params(cfg, "tune_thresholds", tmp_path, pair="default", task="stdlib_continuation")
+    test_prompts = record_stage_params(cfg, "prepare_task", tmp_path, task="stdlib_continuation", split="test")
+    dev_prompts = record_stage_params(cfg, "prepare_task", tmp_path, task="stdlib_continuation", split="dev")
+    assert decode == stage_params_path("decode", tmp_path, pair="default", task="stdlib_continuation")
+    assert decode == tmp_path / ".viasd" / "params" / "decode" / "default-stdlib_continuation.json"
+    times = {p: _touch_back(p) for p in (decode, search, test_prompts, dev_prompts)}
+
+    same = copy.deepcopy(cfg)
+    for path, rule, wildcards in [(decode, "decode", {"pair": "default", "task": "stdlib_continuation"}),
+                                  (dev_prompts, "prepare_task", {"task": "stdlib_continuation", "split": "dev"})]:
+        record_stage_params(same, rule, tmp_path, **wildcards)
+        assert path.stat().st_mtime == times[path]  # the same values: the file and its time stay
+
+    edited = copy.deepcopy(cfg)
+    edited["decode"]["gamma"] += 1
+    edited["tasks"]["stdlib_continuation"]["test_prompts"] -= 1
+    for _, rule, wildcards in [(decode, "decode", {"pair": "default", "task": "stdlib_continuation"}),
+                                  (search, "tune_thresholds", {"pair": "default", "task": "stdlib_continuation"}),
+                                  (test_prompts, "prepare_task", {"task": "stdlib_continuation", "split": "test"}),
+                                  (dev_prompts, "prepare_task", {"task": "stdlib_continuation", "split": "dev"})]:
+        record_stage_params(edited, rule, tmp_path, **wildcards)
+    # the decode reads decode.gamma, the test prompts their count; the search and the dev prompts neither
+    assert decode.stat().st_mtime > times[decode] and f'"gamma": {edited["decode"]["gamma"]}' in decode.read_text()
+    assert test_prompts.stat().st_mtime > times[test_prompts]
+    assert search.stat().st_mtime == times[search] and dev_prompts.stat().st_mtime == times[dev_prompts]
+    assert not [p for p in decode.parent.iterdir() if p.name.startswith(".")]  # no temporary file left
