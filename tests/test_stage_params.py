@@ -13,7 +13,7 @@ from viasd.study.stage_params import record_stage_params, stage_params_path
 
 
 def _touch_back(path, seconds=100):
-    """Set `path`'s time `seconds` into the past, so a rewrite would show."""
+    """Set the folder `path`'s time `seconds` into the past, so a rewrite would show."""
     t = path.stat().st_mtime - seconds
     os.utime(path, (t, t))
     return path.stat().st_mtime
@@ -26,7 +26,7 @@ def test_a_slice_is_rewritten_only_when_its_values_change(tmp_path):
     test_prompts = record_stage_params(cfg, "prepare_task", tmp_path, task="stdlib_continuation", split="test")
     dev_prompts = record_stage_params(cfg, "prepare_task", tmp_path, task="stdlib_continuation", split="dev")
     assert decode == stage_params_path("decode", tmp_path, pair="default", task="stdlib_continuation")
-    assert decode == tmp_path / ".viasd" / "params" / "decode" / "default-stdlib_continuation.json"
+    assert decode == tmp_path / ".viasd" / "params" / "decode" / "default-stdlib_continuation"  # Snakemake's input
     times = {p: _touch_back(p) for p in (decode, search, test_prompts, dev_prompts)}
 
     same = copy.deepcopy(cfg)
@@ -44,7 +44,8 @@ def test_a_slice_is_rewritten_only_when_its_values_change(tmp_path):
                                   (dev_prompts, "prepare_task", {"task": "stdlib_continuation", "split": "dev"})]:
         record_stage_params(edited, rule, tmp_path, **wildcards)
     # the decode reads decode.gamma, the test prompts their count; the search and the dev prompts neither
-    assert decode.stat().st_mtime > times[decode] and f'"gamma": {edited["decode"]["gamma"]}' in decode.read_text()
+    assert decode.stat().st_mtime > times[decode]
+    assert f'"gamma": {edited["decode"]["gamma"]}' in (decode / "params.json").read_text()
     assert test_prompts.stat().st_mtime > times[test_prompts]
     assert search.stat().st_mtime == times[search] and dev_prompts.stat().st_mtime == times[dev_prompts]
-    assert not [p for p in decode.parent.iterdir() if p.name.startswith(".")]  # no temporary file left
+    assert [p.name for p in decode.iterdir()] == ["params.json"]  # no temporary file left

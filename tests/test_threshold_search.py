@@ -115,7 +115,7 @@ def test_thresholds_stage_and_infeasible_constraint(study, tmp_path):
     assert list(kept) == ["rules", "mask_random", "independent"] and all(r["up_to_date"] for r in kept.values())
 
 
-def test_generate_decodes_a_study_cell_as_the_study_does(study, capsys):
+def test_generate_decodes_a_study_cell_as_the_study_does(study, capsys, tmp_path):
     """`viasd generate --pair P --task T --run viasd` decodes with the cell's policy (its tuned thresholds,
     slim and learned router, the task's stop strings): on the decode stage's prompts it writes the decode
     stage's tokens; a policy flag overrides that field alone."""
@@ -149,6 +149,34 @@ def test_generate_decodes_a_study_cell_as_the_study_does(study, capsys):
     assert models.generate(examples[-1].prompt, policy).token_ids == rows[-1]["token_ids"]
     with pytest.raises(ViasdError, match="task 'nope' is not a task of the study"):
         load_study_run(src, task="nope")
+    # and from transformers' generate, with the study's slim, router, thresholds and draft (`viasd.hf`)
+    import torch
+
+    import viasd.hf
+
+    for example, row in zip(examples, rows, strict=True):
+        ids = torch.tensor([models.encode(example.prompt)])
+        hf = models.target.generate(ids, custom_generate=viasd.hf.generate, viasd_study=src, task="stdlib_continuation",
+                                    run="viasd", tokenizer=models.tokenizer, max_new_tokens=policy.max_new_tokens,
+                                    do_sample=False, return_dict_in_generate=True)
+        assert hf.sequences[0, ids.shape[1]:].tolist() == row["token_ids"] and hf.viasd_stats[0].method == "viasd"
+    # and as the registered MLflow model of the pair (what the report stage logs), loaded by name
+    import mlflow
+    import pandas as pd
+    from mlflow.tracking import MlflowClient
+
+    from viasd.study.registered_model import log_pair_model, registered_name
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(store)
+    run_id = client.create_run(client.create_experiment("models", artifact_location=str(tmp_path / "art"))).info.run_id
+    uri = log_pair_model(params, "smoke", run_id, store)
+    assert uri == f"models:/{registered_name(params, 'smoke')}/1"
+    mlflow.set_tracking_uri(store)
+    loaded = mlflow.pyfunc.load_model(f"models:/{registered_name(params, 'smoke')}/latest")
+    decoded = loaded.predict(pd.DataFrame({"prompt": [e.prompt for e in examples], "task": "stdlib_continuation"}))
+    assert [list(ids) for ids in decoded["token_ids"]] == [row["token_ids"] for row in rows]
+    assert decoded["acceptance_rate"].notna().all()
     other = 5 if tuned["gamma"] != 5 else 4  # a gamma the search did not choose
     assert main([*cell, "--gamma", str(other), "--prompt", examples[0].prompt]) == 0
     changed = json.loads(capsys.readouterr().out)["policy"]

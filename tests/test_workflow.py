@@ -12,23 +12,29 @@ import socket
 import subprocess
 import time
 import urllib.request
+import warnings
 from pathlib import Path
 
 import pytest
 import yaml
 from workflow_helpers import (
     BIN,
+    CHROMIUM,
     GOLDEN,
     SMOKE_RUNS,
     copy_repo,
     covers,
     dvc_stages,
     expected_run_names,
+    offline_plots_template,
+    rendered_dom,
     run,
     smoke_fingerprint,
     snakemake_jobs,
     tool_env,
 )
+
+from viasd.study.stage_params import BENCHMARKS
 
 SMOKE = ["--configfile", "config/smoke.yaml"]
 def snakemake(cwd: Path, *args: str, check: bool = True, timeout: float = 900):
@@ -62,6 +68,8 @@ def test_snakemake_and_dvc_dags_do_not_drift(repo, config):
         recorded = {p for p in job["inputs"] if p.startswith(".viasd/params/")}
         assert len(recorded) == 1 and next(iter(recorded)).startswith(f".viasd/params/{job['rule']}/"), (cmd, recorded)
         job["inputs"] -= recorded
+        # the benchmark file a stage run by DVC writes for Snakemake is the rule's own
+        assert job.get("benchmark") == BENCHMARKS[job["rule"]].format(**job.get("wildcards", {})), cmd
     assert set(jobs) == set(stages), (set(jobs) ^ set(stages))
     assert len(jobs) >= 7
 
@@ -292,6 +300,43 @@ def _stages_run(output: str) -> set[str]:
 DVC_RUNS = ["ar", "sd", "viasd"]  # DVC runs stages one at a time: a smaller grid than the Snakemake test's
 
 
+FRONTIER_PLOT, LOSS_PLOT = "speed against fidelity (test split, every run)", "training loss"
+
+
+def _check_dvc_plots(repo: Path) -> None:
+    """`dvc plots show` draws the study's series with data (the frontier's point per run, the loss curve of each
+    trained model, both searches' trials); the HTML, opened in headless Chromium, draws every chart."""
+    shown = json.loads(run([str(BIN / "dvc"), "plots", "show", "--json"], repo).stdout)["data"]
+
+    def values(plot: str) -> list[dict]:
+        return [v for item in shown[plot] for v in item["content"]["data"]["values"]]
+
+    frontier = values(FRONTIER_PLOT)
+    assert {v["run"] for v in frontier} == set(DVC_RUNS) and all(float(v["speedup_vs_ar"]) > 0 for v in frontier)
+    assert all(0 < float(v["fidelity"]) <= 1 for v in frontier)
+    loss = values(LOSS_PLOT)
+    assert {v["filename"].rsplit("-", 1)[-1] for v in loss} == {"target.csv", "draft.csv", "independent.csv"}
+    assert all(float(v["loss"]) > 0 for v in loss) and len(loss) > 3 * 5
+    dimr = values("DIMR search (best mask cost so far)")
+    assert len(dimr) > 2 and float(dimr[-1]["best_cost"]) <= float(dimr[0]["best_cost"])
+    assert any(v["fidelity"] for v in values("threshold search trials (dev split; cost per token in ms)"))
+
+    template = offline_plots_template(Path.home() / ".cache" / "viasd-tests" / "vega")
+    if CHROMIUM is None or template is None:
+        warnings.warn("the DVC plots were not opened in a browser: no chromium, or npm could not fetch Vega", stacklevel=2)
+        return
+    run([str(BIN / "dvc"), "plots", "show", "-o", "dvc_plots", "--html-template", str(template)], repo)
+    dom = rendered_dom(repo / "dvc_plots" / "index.html")
+    # every chart drew as SVG: the two scatter plots' points, the DIMR line and a loss line per trained model
+    import re
+
+    vega = [plot for plot, items in shown.items() if items[0]["type"] == "vega"]
+    assert len(re.findall(r'<svg[^>]*class="marks"', dom)) == len(vega) == 4, dom[-3000:]
+    assert dom.count('class="mark-symbol role-mark marks"') == 2
+    assert dom.count('class="mark-line role-mark layer_0_layer_0_marks"') == 1 + 3
+    assert dom.count("<path") > len(frontier)
+
+
 @pytest.mark.slow
 def test_dvc_repro_reruns_only_what_a_parameter_change_touches(repo):
     """The README's path: the study through Snakemake; DVC then finds it current, an edited decode parameter
@@ -305,6 +350,7 @@ def test_dvc_repro_reruns_only_what_a_parameter_change_touches(repo):
     lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]  # recorded by the run's success
     assert {"prepare_corpus", "train_draft", "report"} <= set(lock) and len(lock) == len(dvc_stages(repo))
     assert "Data and pipelines are up to date" in run([str(BIN / "dvc"), "status"], repo).stdout
+    _check_dvc_plots(repo)
 
     params = yaml.safe_load((repo / "params.yaml").read_text())
     gamma = params["decode"]["gamma"]
@@ -346,7 +392,8 @@ def test_dvc_repro_reruns_only_what_a_parameter_change_touches(repo):
     # the study's headline is DVC's metrics file; an experiment on a parameter re-runs what it touches only
     metrics = json.loads(run([str(BIN / "dvc"), "metrics", "show", "--json"], repo).stdout)
     assert "vs_sd_best" in json.dumps(metrics) and "fidelity" in json.dumps(metrics)
-    gamma = yaml.safe_load((repo / "params.yaml").read_text())["decode"]["gamma"]
+    # (gamma + 1 ran above: DVC's run cache would restore its outputs without running a stage)
+    gamma = yaml.safe_load((repo / "params.yaml").read_text())["decode"]["gamma"] + 1
     exp = run([str(BIN / "dvc"), "exp", "run", "-S", f"decode.gamma={gamma + 1}"], repo, timeout=1200)
     second = _stages_run(exp.stdout)
     assert second and {name.split("@")[0] for name in second} == {"decode", "evaluate", "report"}

@@ -76,9 +76,13 @@ def snakemake_jobs(cwd: Path, extra: list[str] = ()) -> dict[str, dict]:
             continue
         if current is None:
             continue
-        field = re.match(r"^\s+(input|output): (.*)$", line)
-        if field:
+        field = re.match(r"^\s+(input|output|benchmark|wildcards): (.*)$", line)
+        if field and field.group(1) in ("input", "output"):
             current["inputs" if field.group(1) == "input" else "outputs"] = {p.strip() for p in field.group(2).split(",")}
+        elif field and field.group(1) == "benchmark":
+            current["benchmark"] = field.group(2).strip()
+        elif field:
+            current["wildcards"] = dict(w.strip().split("=", 1) for w in field.group(2).split(","))
         elif line.startswith("Shell command:") and "viasd " in line:
             jobs[viasd_command(line.split(":", 1)[1])] = current
             current = None
@@ -159,3 +163,39 @@ if __name__ == "__main__":  # python tests/workflow_helpers.py <finished smoke r
     import json
 
     print(json.dumps(smoke_fingerprint(Path(sys.argv[1])), indent=1, sort_keys=True))
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# what a closed network needs (without them Chromium's background connections fail at every start)
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+VEGA = {"vega@5": "vega/build/vega.min.js", "vega-lite@5": "vega-lite/build/vega-lite.min.js",
+        "vega-embed@6": "vega-embed/build/vega-embed.min.js"}
+
+
+def offline_plots_template(cache: Path) -> Path | None:
+    """An HTML template for `dvc plots show --html-template` that carries Vega, Vega-Lite and Vega-Embed inline (DVC's
+    own loads them from a CDN, which a closed network does not reach), from the npm registry into `cache`, and draws
+    as SVG (so the page's DOM shows every mark). None when npm cannot fetch them."""
+    modules = cache / "node_modules"
+    if not all((modules / path).exists() for path in VEGA.values()):
+        npm = shutil.which("npm")
+        if npm is None:
+            return None
+        proc = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--silent", "--prefix", str(cache), *VEGA],
+                              capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:
+            return None
+    scripts = "".join(f"<script>{(modules / path).read_text()}</script>" for path in VEGA.values())
+    svg = "<script>const embed = vegaEmbed; vegaEmbed = (el, spec, opt) => embed(el, spec, {...opt, renderer: 'svg'});</script>"
+    template = cache / "plots.html"
+    template.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'>{scripts}{svg}</head>"
+                        "<body>{plot_divs}</body></html>")
+    return template
+
+
+def rendered_dom(html: Path) -> str:
+    """The DOM of `html` after headless Chromium ran its scripts."""
+    proc = subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, "--virtual-time-budget=15000", "--dump-dom", html.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    return proc.stdout

@@ -16,7 +16,6 @@ from .decoding.slim import RoutingMask, SlimVerifier
 from .decoding.stats import DecodeStats
 from .errors import ViasdError
 from .models import ModelSet, load_model, load_models, load_tokenizer
-from .study.cells import load_study_run
 
 __all__ = [
     "BatchStats",
@@ -36,6 +35,16 @@ __all__ = [
     "load_study_run",
     "load_tokenizer",
 ]
+
+
+def __getattr__(name: str):
+    """`load_study_run` (a finished study's run: its models and policy) is imported on first use: it reads the
+    study's parameter file, which the decoding library itself never needs."""
+    if name == "load_study_run":
+        from .study.cells import load_study_run
+
+        return load_study_run
+    raise AttributeError(f"module 'viasd' has no attribute {name!r}")
 
 
 # Modules that moved when the package was laid out by concept (README, "Layout"): importing an old path still

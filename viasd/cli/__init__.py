@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 
 from ..errors import ViasdError
 from .bench import add_bench
@@ -60,13 +61,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    from .common import close_stage_run, open_stage_run
+    from .common import close_stage_run, open_stage_run, record_dvc_benchmarks
     from .threads import limit_threads
 
     limit_threads()
     open_stage_run(args)
+    start = time.monotonic()
     try:
         status = args.func(args)
+        if status == 0:
+            record_dvc_benchmarks(args, time.monotonic() - start)
     except ViasdError as err:
         close_stage_run(args, err)
         print(f"viasd: error: {err}", file=sys.stderr)

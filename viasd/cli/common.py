@@ -25,12 +25,12 @@ def experiment(params) -> str:
 
 
 
-def track(args, params, record) -> None:
+def track(args, params, record) -> str | None:
     """Complete the stage's MLflow run, opened when the stage started (`open_stage_run`), with the stage's
-    `StageRecord` (after its files are written; a failure only warns). A stage that found its outputs up
-    to date records nothing: its open run is discarded."""
+    `StageRecord` (after its files are written; a failure only warns); returns its id (None: not recorded). A
+    stage that found its outputs up to date records nothing: its open run is discarded."""
     if args.no_track:
-        return
+        return None
     from ..study.tracking import discard_run, input_hashes, record_children, record_run, spool_run, tracking_uri
 
     root = args.params.resolve().parent
@@ -39,12 +39,12 @@ def track(args, params, record) -> None:
     if record.up_to_date:
         if run_id:
             discard_run(root, run_id)
-        return
+        return None
     tags = {"stage": record.stage, "pair": params.pair(getattr(args, "pair", None)).name, **record.tags}
     tags.update(input_hashes(record.inputs))
     opened = run_id
     run_id = record_run(root, experiment(params), record.name, record.params, record.metrics, tags, record.artifacts,
-                        record.series, run_id=run_id)
+                        record.series, run_id=run_id, datasets=record.datasets)
     if run_id is None:  # the store did not take it: kept, and delivered by the next command that reaches it
         path = spool_run(root, experiment(params), record.name, record.params, record.metrics, tags, record.artifacts,
                          record.series, record.children, opened)
@@ -52,6 +52,7 @@ def track(args, params, record) -> None:
                     "(any stage, or tracking-init) reaches the store", tracking_uri(root), record.name, path)
     elif record.children:  # e.g. a search's Optuna trials, as nested runs
         record_children(root, experiment(params), run_id, record.children)
+    return run_id
 
 
 def open_stage_run(args) -> None:
@@ -143,6 +144,18 @@ def record_params(args, rule: str, **wildcards: str) -> None:
     from ..study.stage_params import record_stage_params
 
     record_stage_params(config.resolve(args.params, args.config), rule, args.params.resolve().parent, **wildcards)
+    args.stage_instances = [*getattr(args, "stage_instances", []), (rule, wildcards)]
+
+
+def record_dvc_benchmarks(args, seconds: float) -> None:
+    """Under `dvc repro` (DVC sets DVC_STAGE), write the Snakemake benchmark file of each stage instance this
+    command ran (`study.stage_params.record_benchmark`), so Snakemake takes its outputs for current too."""
+    if not os.environ.get("DVC_STAGE"):
+        return
+    from ..study.stage_params import record_benchmark
+
+    for rule, wildcards in getattr(args, "stage_instances", []):
+        record_benchmark(rule, seconds, args.params.resolve().parent, **wildcards)
 
 
 def add_pair(p) -> None:

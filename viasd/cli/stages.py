@@ -290,9 +290,27 @@ def _report(args) -> int:
     params = load_params(args)
     record_params(args, "report")
     out = run_report_stage(params)
-    track(args, params, report_record(params, out))
+    run_id = track(args, params, report_record(params, out))
+    if run_id is not None:
+        register_models(args, params, run_id)
     print(report_paths(params)["summary"])
     return 0
+
+
+def register_models(args, params, run_id: str) -> None:
+    """Each pair as an MLflow model in the report's run, registered by name (`study.registered_model`); a
+    failure only warns, as tracking does."""
+    import logging
+
+    from ..study.registered_model import log_pair_model
+    from ..study.tracking import tracking_uri
+
+    for pair in params.study.pairs:
+        try:
+            uri = log_pair_model(params, pair, run_id, tracking_uri(args.params.resolve().parent))
+            logging.getLogger(__name__).info("registered %s", uri)
+        except Exception as err:  # noqa: BLE001 - the study's outputs are written; the model is a convenience
+            logging.getLogger(__name__).warning("the MLflow model of pair %s was not logged: %s", pair, err)
 
 
 

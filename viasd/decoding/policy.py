@@ -166,6 +166,24 @@ class DecodePolicy:
 
         return {k: safe(v) for k, v in asdict(self).items()}
 
+    @classmethod
+    def from_record(cls, record: dict) -> DecodePolicy:
+        """The policy `as_record` wrote (JSON's lists read back as tuples, the sampling settings as
+        `SamplingConfig`); one clear error for a field it does not know."""
+        from dataclasses import fields
+
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(record) - known)
+        if unknown:
+            raise PolicyError(f"unknown policy field {', '.join(unknown)}")
+        values = dict(record)
+        if isinstance(values.get("sampling"), dict):
+            values["sampling"] = SamplingConfig(**values["sampling"])
+        for name in ("stop_strings", "eos_token_ids"):
+            if isinstance(values.get(name), list):
+                values[name] = tuple(values[name])
+        return cls(**values)
+
     @property
     def lossless(self) -> bool:
         return self.method in LOSSLESS

@@ -23,7 +23,7 @@ from ..config import Params
 from ..decoding.policy import DecodePolicy
 from ..errors import StudyInputError
 from ..study.cells import GridCell, input_files, load_pair_router
-from ..study.paths import decode_paths
+from ..study.paths import decode_paths, task_split
 from ..study.record import StageRecord, cell_tags, scalars
 from ..study.runs import RunSpec, parse_run
 from ..study.slims import slim_description
@@ -138,4 +138,5 @@ def decode_record(params: Params, pair_name: str, task: str, spec: RunSpec, summ
         {"policy": summary["policy"], "split": summary["split"], "examples": summary["examples"], "slim": summary["slim"],
          "same_decode_as": summary.get("same_decode_as") or "none"},
         scalars(summary) | {f"passes.{k}": v for k, v in summary["passes"].items()}, cell_tags(pair, task, spec),
-        [decode_paths(params, pair.name, task, spec.name)["summary"]], inputs=input_files(params, pair, task, spec.name))
+        [decode_paths(params, pair.name, task, spec.name)["summary"]], inputs=input_files(params, pair, task, spec.name),
+        datasets=task_split(params, task, summary["split"]))

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from ..config import Params
 from ..errors import StudyInputError
-from ..study.paths import decode_paths, eval_path
+from ..study.paths import decode_paths, eval_path, task_split
 from ..study.record import StageRecord, cell_tags, scalars
 from ..study.runs import RunSpec
 
@@ -109,4 +109,5 @@ def evaluate_record(params: Params, pair_name: str, task: str, spec: RunSpec, ou
         | {f"passes.{k}": v for k, v in out["passes"].items()}
         | {f"accepted_by_tier.{k}": out[k] for k in ("accepted_direct", "accepted_slim", "accepted_full",
                                                      "regenerated_slim", "rejected_full")},
-        cell_tags(pair, task, spec), [eval_path(params, pair.name, task, spec.name)])
+        cell_tags(pair, task, spec), [eval_path(params, pair.name, task, spec.name)],
+        datasets=task_split(params, task, out["split"]))

@@ -18,6 +18,8 @@ Outputs under reports/:
   metrics.json                           the headline per pair, task and run (speedup vs ar, rejection rate, the
                                          three quality measures): DVC's metrics file (`dvc metrics diff`,
                                          `dvc exp show` columns)
+  plot-data/*.csv                        the series `dvc plots` draws: the frontier, the threshold and DIMR searches'
+                                         trials, the training loss (`report.plot_data`)
   summary.md                             every table, with links to the plots (also those of dimr-search:
                                          reports/dimr/<pair>/search.png and layers.png)
 """
@@ -29,10 +31,12 @@ import json
 from ..config import Params
 from ..errors import StudyInputError
 from ..io import write_json, write_text
+from ..metrics.quality import QualityConstraints
 from ..report.claims import claim_rows, claims_section, dimr_seconds
 from ..report.family import family_rows, family_table, router_summary
 from ..report.headline import INTRO, headline
 from ..report.headroom import oracle_headroom
+from ..report.plot_data import write_plot_data
 from ..report.plots import frontier, tier_breakdown
 from ..report.stage_times import stage_times_section
 from ..report.tables import (
@@ -98,8 +102,6 @@ def run_report_stage(params: Params) -> dict:
         slims_md = slim_table(slims)
         write_text(paths[f"{key}-slims.md"], f"# {pair} on {task}: slim verifiers on the dev split\n\n{slims_md}")
         write_text(paths[f"{key}-slims.csv"], csv_table(slims))
-        from ..metrics.quality import QualityConstraints
-
         bounds = QualityConstraints.from_dict(params.thresholds.search.get("quality")).describe()
         summary += [f"## {pair} on {task}\n", headline(evals, bounds),
                     "Quality three ways: `fidelity` = share of tokens equal to the target's greedy choice given "
@@ -137,6 +139,7 @@ def run_report_stage(params: Params) -> dict:
     summary += claims_section(claims, paths["claims.md"])
     summary += stage_times_section(params, paths)
     write_json(paths["metrics"], figures)
+    write_plot_data(params, by_cell)
     write_text(paths["summary"], "\n".join(summary))
     return {"tables": len(by_cell), "runs": sum(len(v) for v in by_cell.values()), "headline": figures}
 

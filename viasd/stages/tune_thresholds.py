@@ -43,7 +43,7 @@ from ..search.wall_factors import calibrated
 from ..search.workers import SERIAL, Worker, completed_points
 from ..study.baselines import BASELINE_BESTS, baseline_bests, baseline_signature, drafter_digest
 from ..study.cells import engine_options, input_files, search_base
-from ..study.paths import router_paths, threshold_paths
+from ..study.paths import router_paths, task_split, threshold_paths
 from ..study.record import StageRecord
 from ..study.slims import (
     drafter_of,
@@ -179,7 +179,7 @@ def threshold_record(params: Params, pair: Pair, slim: str, out: dict, trials: l
                    "metrics": {**{k: t.get(k) for k in ("cost_per_token", "fidelity", "task_drop", "agreement",
                                                         "rejection_rate", "prompts")},
                                "feasible": float(bool(t.get("feasible")))}} for t in trials],
-        up_to_date=out.get("up_to_date", False))
+        up_to_date=out.get("up_to_date", False), datasets=task_split(params, out["task"], "dev"))
 
 
 def dev_examples(params: Params, task: str) -> tuple[list, list]:

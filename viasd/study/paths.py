@@ -131,3 +131,10 @@ def router_paths(params: Params, pair: str, drafter: str = "model") -> dict:
     return {"router": params.models_dir / "routers" / pair / f"{name}.json",
             "plot": params.reports_dir / "router" / pair / ("reliability.png" if drafter == "model"
                                                              else f"reliability-{name}.png")}
+
+
+def task_split(params: Params, task: str, split: str) -> dict:
+    """A task's split as a `StageRecord` dataset: `{"<task>-<split>": (its prompts file, split)}`."""
+    from ..tasks.base import examples_path
+
+    return {f"{task}-{split}": (examples_path(params.data.dir, task, split), split)}

@@ -14,9 +14,9 @@ from .runs import RunSpec
 @dataclass
 class StageRecord:
     """One MLflow run of a stage: its name, parameters, metrics, tags, artifacts (files it wrote), metric
-    series (a curve per key), inputs (files whose DVC hashes tag the run) and child runs (e.g. a search's
-    trials, `{name, params, metrics}`). `up_to_date`: the stage found its outputs current and did
-    nothing, so there is nothing to record."""
+    series (a curve per key), inputs (files whose DVC hashes tag the run), child runs (e.g. a search's
+    trials, `{name, params, metrics}`) and datasets (task splits, MLflow dataset inputs). `up_to_date`: the
+    stage found its outputs current and did nothing, so there is nothing to record."""
 
     stage: str
     name: str
@@ -28,6 +28,8 @@ class StageRecord:
     inputs: dict = field(default_factory=dict)
     children: list[dict] = field(default_factory=list)
     up_to_date: bool = False
+    # the task splits it read, logged as MLflow dataset inputs: {name: (file, context)}, context "dev" or "test"
+    datasets: dict = field(default_factory=dict)
 
 
 def scalars(data: dict) -> dict:

@@ -4,14 +4,17 @@ Snakemake and DVC agree on what is up to date.
 DVC decides from `dvc.lock` (the values of each stage's `params:` keys when it last ran); Snakemake from its own
 metadata, which only Snakemake writes. Had the rules kept parameter values as Snakemake `params:`, a stage that `dvc
 repro` re-ran after an edit would still look stale to Snakemake (its metadata remembers the old values). Instead each
-rule takes its slice of the parameters as an input file, `.viasd/params/<rule>/<instance>.json`, written only when
+rule takes its slice of the parameters as an input, `.viasd/params/<rule>/<instance>/params.json`, written only when
 its content changes, both by the Snakefile when it builds the DAG and by the stage's `viasd` command when it starts
-(whoever runs it: Snakemake, DVC or a person). A changed value gives the file a new time, so Snakemake re-runs the
-rule; a stage DVC re-ran wrote the file before its outputs, so Snakemake finds them newer and runs nothing.
+(whoever runs it: Snakemake, DVC or a person). A changed value gives its folder a new time, so Snakemake re-runs the
+rule; a stage DVC re-ran wrote the file before its outputs, and its Snakemake benchmark file after them
+(`record_benchmark`: Snakemake compares inputs with the older of a job's outputs and benchmark), so Snakemake finds
+them newer and runs nothing.
 
 The slices are what each stage reads. A task's prompts leave out the other split's prompt count (a change to the
 test prompts re-runs no threshold search); DVC's `prepare_task` lists the whole task and may re-run the other split,
-whose file then comes out the same (Snakemake compares small inputs by checksum, so nothing downstream follows).
+whose prompts file then comes out the same (Snakemake compares small input files by checksum, so nothing downstream
+follows).
 """
 
 from __future__ import annotations
@@ -60,12 +63,49 @@ SLICES: dict[str, tuple[tuple[str, ...], Callable[..., dict]]] = {
 }
 
 
+# each rule's Snakemake `benchmark:` file (workflow/rules/*.smk), by its wildcards
+BENCHMARKS = {
+    "prepare_corpus": "benchmarks/prepare_corpus.tsv",
+    "prepare_task": "benchmarks/prepare_task/{task}-{split}.tsv",
+    "train_model": "benchmarks/train_model/{role}.tsv",
+    "train_drafter": "benchmarks/train_drafter/{drafter}.tsv",
+    "dimr_search": "benchmarks/dimr_search/{pair}.tsv",
+    "train_router": "benchmarks/train_router/{pair}.tsv",
+    "tune_thresholds": "benchmarks/tune_thresholds/{pair}-{task}.tsv",
+    "decode": "benchmarks/decode/{pair}/{task}.tsv",
+    "evaluate": "benchmarks/evaluate/{pair}/{task}.tsv",
+    "report": "benchmarks/report.tsv",
+}
+BENCHMARK_COLUMNS = ("s", "h:m:s", "max_rss", "max_vms", "max_uss", "max_pss", "io_in", "io_out", "mean_load",
+                     "cpu_time")
+
+
+def record_benchmark(rule: str, seconds: float, base: str | Path = ".", **wildcards: str) -> Path | None:
+    """Write `rule`'s Snakemake benchmark file (Snakemake's columns; the peak RSS in MB, what this process cannot
+    measure `NA`) for a stage DVC ran. Snakemake counts a job's benchmark file among its outputs when it compares
+    times, so a stage DVC re-ran must refresh it too; the report's stage times then include DVC's runs."""
+    import resource
+
+    template = BENCHMARKS.get(rule)
+    if template is None:
+        return None
+    path = Path(base) / template.format(**wildcards)
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kilobytes
+    clock = f"{int(seconds // 3600)}:{int(seconds % 3600 // 60):02d}:{int(seconds % 60):02d}"
+    row = [f"{seconds:.4f}", clock, f"{rss_mb:.2f}", *["NA"] * (len(BENCHMARK_COLUMNS) - 3)]
+    write_text(path, "\t".join(BENCHMARK_COLUMNS) + "\n" + "\t".join(row) + "\n")
+    return path
+
+
 def stage_params_path(rule: str, base: str | Path = ".", **wildcards: str) -> Path:
-    """`.viasd/params/<rule>/<instance>.json` under `base` (the directory of params.yaml); the instance is the
-    rule's wildcard values joined by `-` in `SLICES` order (`all` for a rule without wildcards)."""
+    """`.viasd/params/<rule>/<instance>/` under `base` (the directory of params.yaml), which holds the slice as
+    `params.json`; the instance is the rule's wildcard values joined by `-` in `SLICES` order (`all` for a rule
+    without wildcards). A folder, not the file, is the rule's input: Snakemake compares a small input file's
+    checksum with the one it recorded when it last ran the rule, so a slice edited back to those values after DVC
+    ran the rule with others would look unchanged; a folder it judges by its time alone."""
     names, _ = SLICES[rule]
     instance = "-".join(str(wildcards[n]) for n in names) or "all"
-    return Path(base) / ROOT / rule / f"{instance}.json"
+    return Path(base) / ROOT / rule / instance
 
 
 def stage_params(cfg: dict, rule: str, **wildcards: str) -> dict:
@@ -75,14 +115,14 @@ def stage_params(cfg: dict, rule: str, **wildcards: str) -> dict:
 
 
 def record_stage_params(cfg: dict, rule: str, base: str | Path = ".", **wildcards: str) -> Path:
-    """Write `rule`'s parameter slice to its file unless the file already holds it (its time then stays, so
-    nothing that ran with these values looks stale); atomic. Returns the path."""
-    path = stage_params_path(rule, base, **wildcards)
+    """Write `rule`'s parameter slice to its folder unless it already holds it (the folder's time then stays, so
+    nothing that ran with these values looks stale); atomic. Returns the folder."""
+    folder = stage_params_path(rule, base, **wildcards)
     text = json.dumps(stage_params(cfg, rule, **wildcards), sort_keys=True, indent=1, default=str) + "\n"
     try:
-        if path.read_text() == text:
-            return path
+        if (folder / "params.json").read_text() == text:
+            return folder
     except OSError:
         pass
-    write_text(path, text)
-    return path
+    write_text(folder / "params.json", text)  # a new entry in the folder: the folder's time moves
+    return folder

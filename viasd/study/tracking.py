@@ -149,14 +149,17 @@ def _retrying(fn, what: str, attempts: int = 5):
 
 def record_run(root: Path, experiment: str, run_name: str, params: dict, metrics: dict, tags: dict,
                artifacts: Iterable[Path] = (), series: dict[str, list[float]] | None = None,
-               attempts: int = 5, run_id: str | None = None) -> str | None:
+               attempts: int = 5, run_id: str | None = None, datasets: dict | None = None) -> str | None:
     """Log one MLflow run (into `run_id`, opened by `open_run` when the stage started, else one opened
     here) and end it FINISHED; returns its id, or None when tracking failed (the stage still succeeds).
-    The run is created once: a retry after a locked store logs into the same run."""
+    The run is created once: a retry after a locked store logs into the same run. `datasets`: the task splits
+    the stage read (`StageRecord.datasets`), logged as the run's dataset inputs (`log_datasets`)."""
     if run_id is None:
         run_id = open_run(root, experiment, run_name, tags)
         if run_id is None:
             return None
+    if datasets:
+        _retrying(lambda: log_datasets(root, run_id, datasets), "log the run's datasets", attempts)
     if _retrying(lambda: _record(root, run_id, run_name, params, metrics, tags, artifacts, series or {}),
                  "record the run", attempts):
         return run_id
@@ -311,6 +314,25 @@ def log_live(root: Path, run_id: str, key: str, value: float, step: int) -> None
 
     _retrying(lambda: MlflowClient(tracking_uri(root)).log_metric(run_id, key, float(value), step=step),
               "log a metric", attempts=2)
+
+
+def log_datasets(root: Path, run_id: str, datasets: dict) -> bool:
+    """Each `{name: (file, context)}` as a dataset input of the run: MLflow's record of what the run read (the
+    file's path as its source, its DVC md5 as its digest, so the UI's dataset names the same version `dvc.lock`
+    does), shown in the run's "Datasets used" and filterable in the runs table."""
+    import mlflow
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+
+    present = {name: (Path(path), context) for name, (path, context) in datasets.items() if Path(path).exists()}
+    if not present:
+        return True
+    mlflow.set_tracking_uri(tracking_uri(root))
+    with mlflow.start_run(run_id=run_id):  # resumed for its inputs; `_record` ends it
+        for name, (path, context) in present.items():
+            source = resolve_dataset_source(str(path.resolve()))
+            mlflow.log_input(MetaDataset(source, name=name, digest=(dvc_md5(path) or "")[:8] or None), context=context)
+    return True
 
 
 def _record(root, run_id, run_name, params, metrics, tags, artifacts, series) -> bool:

@@ -12,6 +12,8 @@ rule report:
     output:
         summary=report(f"{REPORTS}/summary.md", caption="../report/summary.rst", category="Summary"),
         metrics=f"{REPORTS}/metrics.json",
+        # the series dvc.yaml's top-level plots draw
+        plot_data=directory(f"{REPORTS}/plot-data"),
         tables=expand(f"{REPORTS}/tables/{{pair}}-{{task}}{{kind}}.{{ext}}", pair=STUDY["pairs"], task=STUDY["tasks"], kind=["", "-slims"], ext=["md", "csv"]),
         family=expand(f"{REPORTS}/tables/{{pair}}-family.{{ext}}", pair=STUDY["pairs"], ext=["md", "csv"]),
         positions=expand(f"{REPORTS}/tables/{{pair}}-{{task}}-positions.md", pair=STUDY["pairs"], task=STUDY["tasks"]),
