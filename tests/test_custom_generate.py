@@ -86,6 +86,7 @@ def test_the_folder_form_takes_the_assistant_and_streams(pair):
     assert torch.equal(out, _greedy(target, ids))
     assert streamer.ended and streamer.puts[0] == ids[0].tolist()
     assert [t for put in streamer.puts[1:] for t in put] == out[0, ids.shape[1]:].tolist()
+    assert len(streamer.puts) > 2  # block by block as they were settled, not all at the end
 
 
 def test_what_the_tiers_cannot_honour_is_one_clear_error(pair):

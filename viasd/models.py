@@ -263,23 +263,25 @@ class ModelSet:
 
     def generate(self, prompt: str | Sequence[int] | Sequence[str | Sequence[int]], policy: DecodePolicy | None = None,
                  router_rows: RouterRows | None = None, oracle_reference: Sequence[int] | None = None,
-                 batch_size: int | None = None, **overrides) -> DecodeResult | list[DecodeResult]:
+                 batch_size: int | None = None, on_tokens=None, **overrides) -> DecodeResult | list[DecodeResult]:
         """Decode a text prompt (or token ids) and return new token ids, text and statistics (`router_rows`:
         with the oracle router, collect the router's training rows; `oracle_reference`: with it, the target's
         greedy output of this prompt under the same policy, which spares the oracle its peek passes).
 
         A list of prompts (texts or token-id lists) decodes them as a batch (`generate_batch`, at most
-        `batch_size` rows at once) and returns one result per prompt, each what its prompt decodes to alone."""
+        `batch_size` rows at once) and returns one result per prompt, each what its prompt decodes to alone.
+        `on_tokens` (one prompt): called with new token ids as they become final (`decode`'s streamer hook)."""
         if _is_batch(prompt):
-            if router_rows is not None or oracle_reference is not None:
-                raise PolicyError("router_rows and oracle_reference are per prompt: decode those prompts one at a time")
+            if router_rows is not None or oracle_reference is not None or on_tokens is not None:
+                raise PolicyError("router_rows, oracle_reference and on_tokens are per prompt: decode those prompts one "
+                                  "at a time")
             return self.generate_batch(prompt, policy, batch_size=batch_size, **overrides)[0]
         policy = self._policy(policy, overrides)
         draft, router = self._drafter(policy)
         result = decode(self._ids(prompt), policy, self.target, self.vocab_size, draft=draft, slims=self.slims,
                         tokenizer=self.tokenizer, eos_token_ids=self.eos_token_ids(policy), router=router,
                         router_rows=router_rows, oracle_reference=oracle_reference,
-                        draft_tokenizer=self.draft_tokenizer if self.cross_vocab else None)
+                        draft_tokenizer=self.draft_tokenizer if self.cross_vocab else None, on_tokens=on_tokens)
         self._add_text(result)
         return result
 

@@ -63,8 +63,12 @@ class DecodeSession:
     def __init__(self, prompt_ids: Sequence[int], policy: DecodePolicy, target: nn.Module, vocab_size: int,
                  draft: nn.Module | None = None, slims: Sequence[SlimVerifier | IndependentVerifier] = (), tokenizer=None,
                  eos_token_ids: Sequence[int] = (), draft_tokenizer=None, inputs: MethodInputs | None = None,
-                 batch: Batch | None = None, slot: int = 0, seed: int | None = None):
+                 batch: Batch | None = None, slot: int = 0, seed: int | None = None,
+                 on_tokens: Callable[[list[int]], None] | None = None):
         self.policy = policy
+        # a streamer's callback: given each run of new tokens once they are final (`_stream`)
+        self.on_tokens = on_tokens
+        self.streamed = 0
         self.batch = batch
         self.method = METHODS[policy.method]
         self.target_model = target
@@ -277,6 +281,20 @@ class DecodeSession:
             del self.generated[keep:]
             self.length = self.prompt_len + keep
             self.done = True
+        if self.on_tokens is not None and not self.may_rewind:
+            self._stream()
+
+    @property
+    def may_rewind(self) -> bool:
+        """Whether committed tokens can still be taken back: VIA-SD's lagged tokens when full-model passes check
+        them (`verify_lagged`); they are streamed only when the decode ends."""
+        return self.policy.method == "viasd" and self.policy.verify_lagged
+
+    def _stream(self) -> None:
+        """Hand the tokens committed since the last call to `on_tokens`."""
+        if len(self.generated) > self.streamed:
+            self.on_tokens(self.generated[self.streamed:])
+            self.streamed = len(self.generated)
 
     def rewind(self, length: int) -> None:
         """Drop the committed tokens at positions `length..` (the full model rejected a lagged token);
@@ -321,6 +339,8 @@ class DecodeSession:
         # side runners (the oracle's peeks) are not part of the method: counted apart, not in its time
         stats.wall_time_s -= sum(r.seconds for r in self.side_runners)
         self.method.finish(self, self.state)
+        if self.on_tokens is not None:
+            self._stream()
         stats.new_tokens = len(self.generated)
         if self.text_draft is not None:
             stats.draft_own_tokens = self.text_draft.own_tokens
@@ -359,7 +379,8 @@ def _text_draft(policy: DecodePolicy, method, draft: nn.Module | None, draft_tok
 def decode(prompt_ids: Sequence[int], policy: DecodePolicy, target: nn.Module, vocab_size: int,
            draft: nn.Module | None = None, slims: Sequence[SlimVerifier | IndependentVerifier] = (), tokenizer=None,
            eos_token_ids: Sequence[int] = (), router=None, router_rows=None, draft_tokenizer=None,
-           oracle_reference: Sequence[int] | None = None) -> DecodeResult:
+           oracle_reference: Sequence[int] | None = None,
+           on_tokens: Callable[[list[int]], None] | None = None) -> DecodeResult:
     """Decode `prompt_ids` with `policy.method`: `(models, prompt, policy) -> (tokens, stats)`. Pure:
     no files, no tracking. Greedy results are deterministic; sampled ones are fixed by `policy.seed`.
 
@@ -369,13 +390,15 @@ def decode(prompt_ids: Sequence[int], policy: DecodePolicy, target: nn.Module, v
     are then carried through text (`text_draft.py`). `oracle_reference`: with the oracle router, the target's
     greedy output of this prompt under the same settings (an `ar` decode's tokens), which spares the oracle
     its peek passes while the output follows it (`methods.viasd.oracle_targets`): the same tokens and
-    statistics either way, `peek_from_reference` counting the blocks it served."""
+    statistics either way, `peek_from_reference` counting the blocks it served. `on_tokens`: called with each run
+    of new tokens as soon as no later pass can take them back (a streamer), the last ones when the decode ends."""
     _check_models(policy, draft, slims)
     session = DecodeSession(prompt_ids, policy, target, vocab_size,
                             **_session_models(policy, draft, slims, draft_tokenizer),
                             tokenizer=tokenizer, eos_token_ids=eos_token_ids,
                             inputs=MethodInputs(router, router_rows,
-                                                oracle_reference if policy.router == "oracle" else None))
+                                                oracle_reference if policy.router == "oracle" else None),
+                            on_tokens=on_tokens)
     with torch.inference_mode():
         return session.run()
 

@@ -24,9 +24,9 @@ refused by name, as are beams and several sequences per prompt.
 Rows of a batch (left-padded, with the attention mask) decode together (`decoding.batching`), each to what it
 decodes alone; the output is `generate`'s: the prompt and the new tokens, rows that end early padded with the pad
 token, or with `return_dict_in_generate` a `ViasdGenerateOutput` whose `viasd_stats` holds each row's `DecodeStats`.
-A `streamer` (folder form) receives the prompt, then the new tokens, then the end, as from `generate`, once the
-decode is done: tokens a tier settled may still be rolled back by a later full-model pass, so none is streamed
-before the decode ends.
+A `streamer` (folder form, one prompt) receives the prompt, then each run of new tokens as soon as no later pass
+can take it back (a block's settled tokens; with `verify_lagged`, whose full-model passes may roll lagged tokens
+back, at the end), then the end, as from `generate`.
 """
 
 from __future__ import annotations
@@ -89,17 +89,20 @@ def generate(model, input_ids: torch.Tensor | None = None, logits_processor=None
                                         viasd_policy, slim_layers, viasd_router, viasd_study, task, run, tokenizer)
     seq2seq = bool(getattr(model.config, "is_encoder_decoder", False))
     policy = _with_generation_config(policy, config, None if seq2seq else ids.shape[1], tokenizer)
+    if streamer is not None and len(prompts) > 1:
+        raise PolicyError("a streamer takes one prompt at a time (as transformers' streamers do)")
     if len(prompts) == 1:
-        results = [models.generate(prompts[0], policy)]
+        on_tokens = None
+        if streamer is not None:  # generate's protocol: the prompt, then new tokens as they become final, the end
+            streamer.put(ids.cpu())
+            on_tokens = lambda tokens: streamer.put(torch.tensor(tokens, dtype=torch.long))  # noqa: E731
+        results = [models.generate(prompts[0], policy, on_tokens=on_tokens)]
+        if streamer is not None:
+            streamer.end()
     else:
         results, _ = models.generate_batch(prompts, policy, batch_size=viasd_batch_size)
     new = [r.token_ids for r in results]
     sequences = _sequences(model, ids, new, config)
-    if streamer is not None:  # generate's protocol: the prompt, then the new tokens, then the end
-        streamer.put(sequences[:, : sequences.shape[1] - max(map(len, new), default=0)].cpu())
-        for step in range(max(map(len, new), default=0)):
-            streamer.put(sequences[:, sequences.shape[1] - max(map(len, new)) + step].cpu())
-        streamer.end()
     if config.return_dict_in_generate:
         return ViasdGenerateOutput(sequences=sequences, viasd_stats=[r.stats for r in results])
     return sequences

@@ -11,6 +11,9 @@ rule; a stage DVC re-ran wrote the file before its outputs, and its Snakemake be
 (`record_benchmark`: Snakemake compares inputs with the older of a job's outputs and benchmark), so Snakemake finds
 them newer and runs nothing.
 
+A dry run (`snakemake -n`) records the values it was given too: after a dry run of an edit that is then undone, the
+rules it would have re-run look stale to Snakemake once (their folders are newer than their outputs).
+
 The slices are what each stage reads. A task's prompts leave out the other split's prompt count (a change to the
 test prompts re-runs no threshold search); DVC's `prepare_task` lists the whole task and may re-run the other split,
 whose prompts file then comes out the same (Snakemake compares small input files by checksum, so nothing downstream
