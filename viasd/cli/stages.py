@@ -292,9 +292,28 @@ def _report(args) -> int:
     out = run_report_stage(params)
     run_id = track(args, params, report_record(params, out))
     if run_id is not None:
+        describe_study(args, params, out, run_id)
         register_models(args, params, run_id)
     print(report_paths(params)["summary"])
     return 0
+
+
+def describe_study(args, params, out: dict, run_id: str) -> None:
+    """The study's comparison as the MLflow experiment's description (`report.overview`): what the UI shows first,
+    with each task's speed-against-quality plot (this run's artifact) and a link to the runs table."""
+    import logging
+
+    from ..report.overview import experiment_overview
+    from ..study.tracking import artifact_url, describe_experiment
+
+    plots = {(p, t): artifact_url(run_id, f"{p}-{t}-frontier.png") for p, tasks in out["headline"].items()
+             for t in tasks}
+    try:
+        describe_experiment(args.params.resolve().parent, experiment(params),
+                            lambda exp_id: experiment_overview(params.study.name, out["headline"], plots,
+                                                               f"#/experiments/{exp_id}/runs?workflowType=machine_learning"))
+    except Exception as err:  # noqa: BLE001 - tracking failures only warn
+        logging.getLogger(__name__).warning("the MLflow experiment's description was not set: %s", err)
 
 
 def register_models(args, params, run_id: str) -> None:

@@ -117,6 +117,21 @@ def ui_page(experiment_id: str, server: str = "http://127.0.0.1:5000") -> str:
     return f"{server}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
 
 
+def describe_experiment(root: Path, experiment: str, markdown) -> None:
+    """Set the experiment's description (`mlflow.note.content`), which the MLflow UI shows at the top of the
+    experiment's page in every view; `markdown`: the text, or a function of the experiment's id that makes it."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri(root))
+    exp_id = _experiment_id(client, experiment)
+    client.set_experiment_tag(exp_id, "mlflow.note.content", markdown(exp_id) if callable(markdown) else markdown)
+
+
+def artifact_url(run_id: str, path: str) -> str:
+    """An artifact's URL on the MLflow server that shows it (relative: the UI's own host)."""
+    return f"get-artifact?path={path}&run_uuid={run_id}"
+
+
 def _flatten(data: dict, prefix: str = "") -> dict:
     flat = {}
     for key, value in data.items():
