@@ -389,3 +389,35 @@ def test_the_choice_is_confirmed_on_held_out_dev_prompts(study, tmp_path):
                     key=lambda t: (t["cost_per_token"], t["number"]))
     assert len(ranked) >= 2 and [c["number"] for c in out["confirm"]] == [t["number"] for t in ranked[:2]]
     assert all(not c["feasible"] and c["violations"]["agreement"] > 0 for c in out["confirm"])
+
+
+def test_a_batched_dev_set_measures_what_the_one_at_a_time_one_does(study):
+    """`thresholds.batch_size`: the dev decodes in batches give every trial the same tokens, quality and modelled cost
+    as one prompt at a time (rows decode as they do alone); the wall times come from the first `wall_prompts`
+    prompts, decoded alone, and say so (`timed_prompts`). The oracle, which peeks at the references, batches too."""
+    from dataclasses import replace
+
+    from viasd.search.dev_set import DevSet
+    from viasd.tasks import load_examples
+
+    _, params = study
+    run_dimr_stage(params, progress=False)
+    models = load_models(params.model_dir("target"), draft=params.model_dir("draft"),
+                         masks=[mask_paths(params)["mask"]], device="cpu")
+    examples = load_examples(params.data.dir, "stdlib_continuation", "dev")  # the smoke split: 4 prompts
+    n = len(examples)
+    assert n >= 4
+    alone = DevSet(models, examples, 12)
+    batched = DevSet(models, examples, 12, batch_size=3, wall_prompts=2, shared=None)
+    assert batched.reference == alone.reference and batched.ar_task == alone.ar_task
+    batched.pass_cost = alone.measure_pass_cost()
+    policies = [replace(alone.base, gamma=3, score="ratio", tau_accept=1.0, tau_slim=0.5),
+                replace(alone.base, gamma=3, tau_accept=math.inf, tau_slim=math.inf),  # tiers off: SD
+                replace(alone.base, router="oracle", gamma=3)]
+    for policy in policies:
+        one, many = alone.evaluate(policy), batched.evaluate(policy)
+        assert one["timed_prompts"] == n and many["timed_prompts"] == 2 and many["prompts"] == n
+        for key in ("cost_per_token", "fidelity", "task_score", "agreement", "rejection_rate", "pass_widths_per_token",
+                    "passes_per_token"):
+            assert many[key] == pytest.approx(one[key]), (policy.router, key)
+        assert many["decode_wall_per_token"] > 0

@@ -312,6 +312,8 @@ class ThresholdParams:
     rules_trials: int | None = None
     workers: int = 1  # processes sharing each search's trials (search/workers.py)
     split_searches: bool = False  # each search its own workflow job (with one worker); not a setting of a search
+    batch_size: int = 1  # dev prompts decoded together per pass (search/dev_set.py); 1 = one at a time
+    wall_prompts: int = 8  # with batch_size > 1: the first prompts decoded alone, for the wall-time calibration
     seed: int | None = None  # the searches' sampler seed (None: the study's `seed`); the models do not depend on it
     search: dict = field(default_factory=dict)
 

@@ -48,6 +48,12 @@ class DevSet:
     """Dev prompts with the target's greedy outputs and their task score, computed once, and the cost
     model's per-pass costs.
 
+    `batch_size` > 1: a policy's dev decodes run in batches (`decoding.batching`): each row decodes to the tokens and
+    passes it decodes alone, so quality and the cost model are as at batch 1, in a fraction of the time; only a
+    batched row's wall time is the batch's, so the first `wall_prompts` prompts are decoded one at a time and give
+    the wall times the cost model is calibrated on (`search.wall_factors`) and the wall-ranked baselines are ranked
+    by (`timed_prompts` of a point).
+
     `pass_cost` is keyed by runner *layout*, `name:layers` (`DecodeStats.layouts`): a full-model pass (`target:12`)
     costs more than the full model's rest after a shared trunk (`target:11` beside `trunk:1`, reuse),
     so tiers-off (SD) blocks and tiered blocks are each costed as they run, and each layout's cost is a
@@ -58,8 +64,11 @@ class DevSet:
 
     def __init__(self, models: ModelSet, examples: list[Example], max_new_tokens: int, stop_strings=(),
                  pass_cost: dict[str, PassCost] | None = None, task: TaskSpec | None = None, engine: dict | None = None,
-                 shared: SharedDev | None = None, base: DecodePolicy | None = None):
+                 shared: SharedDev | None = None, base: DecodePolicy | None = None, batch_size: int = 1,
+                 wall_prompts: int = 8):
         self.models = models
+        self.batch_size = batch_size
+        self.wall_prompts = wall_prompts
         self.examples = examples
         self.task = task
         self.metric = main_metric(task.metrics) if task is not None else None
@@ -69,8 +78,8 @@ class DevSet:
         self.base = base or DecodePolicy(method="viasd", max_new_tokens=max_new_tokens, stop_strings=tuple(stop_strings),
                                          **(engine or {}))
         if shared is None:
-            ar = [models.generate(p, replace(self.base, method="ar")) for p in self.prompts]
-            ar_stats = DecodeStats.merge([r.stats for r in ar])
+            ar = [r for _, chunk in self._decode_chunks(replace(self.base, method="ar")) for r in chunk]
+            ar_stats = DecodeStats.merge([r.stats for r in ar[: self.timed]])
             shared = SharedDev([r.token_ids for r in ar], self.task_score([r.text for r in ar]),
                                ar_stats.wall_time_s / max(ar_stats.new_tokens, 1), ar_texts=[r.text for r in ar])
         self.shared = shared
@@ -83,6 +92,24 @@ class DevSet:
             log.info("the shared per-pass costs cover %s, this slim runs %s: measuring its own", sorted(self.pass_cost),
                      sorted(self.layouts))
             self.pass_cost = None
+
+    @property
+    def timed(self) -> int:
+        """How many of the first prompts are decoded one at a time, their wall times measured."""
+        return len(self.prompts) if self.batch_size <= 1 else min(self.wall_prompts, len(self.prompts))
+
+    def _decode_chunks(self, policy: DecodePolicy, references: list | None = None):
+        """The prompts' decodes in order, as (first index, results) chunks: the first `timed` one at a time, the rest
+        `batch_size` at a time (`references`: each prompt's oracle reference)."""
+        n = len(self.prompts)
+        starts = [*range(self.timed), *range(self.timed, n, max(self.batch_size, 1))]
+        for k, lo in enumerate(starts):
+            hi = starts[k + 1] if k + 1 < len(starts) else n
+            refs = references[lo:hi] if references is not None else None
+            if hi - lo == 1:
+                yield lo, [self.models.generate(self.prompts[lo], policy, oracle_reference=refs[0] if refs else None)]
+            else:
+                yield lo, self.models.generate_batch(self.prompts[lo:hi], policy, oracle_references=refs)[0]
 
     def _probes(self, max_new_tokens: int | None = None) -> list[DecodePolicy]:
         """Decodes that exercise every runner layout: tiers that never pass (the slim runs every block and
@@ -134,19 +161,22 @@ class DevSet:
         results, row_scores = [], []
         matched = total = 0.0
         oracle = policy.router == "oracle"  # the target's greedy dev outputs spare the oracle its peek passes
-        for i, prompt in enumerate(self.prompts):
-            result = self.models.generate(prompt, policy, oracle_reference=self.reference[i] if oracle else None)
-            _, (score,) = self.models.score([prompt], [result.token_ids], policy)
-            results.append(result)
-            row_scores.append(score)
-            if score:
-                matched, total = matched + score["fidelity"] * score["tokens"], total + score["tokens"]
-            rest = (len(self.prompts) - i - 1) * policy.max_new_tokens
+        for lo, chunk in self._decode_chunks(policy, self.reference if oracle else None):
+            for i, result in enumerate(chunk, lo):
+                _, (score,) = self.models.score([self.prompts[i]], [result.token_ids], policy)
+                results.append(result)
+                row_scores.append(score)
+                if score:
+                    matched, total = matched + score["fidelity"] * score["tokens"], total + score["tokens"]
+            rest = (len(self.prompts) - len(results)) * policy.max_new_tokens
             if min_fidelity is not None and rest and (matched + rest) / (total + rest) < min_fidelity:
                 break
         pruned = len(results) < len(self.prompts)
         stats = DecodeStats.merge([r.stats for r in results])
         tokens = max(stats.new_tokens, 1)
+        # wall times of the prompts decoded one at a time (all of them at batch 1)
+        timed = DecodeStats.merge([r.stats for r in results[: self.timed]])
+        timed_tokens = max(timed.new_tokens, 1)
         agree = sum(agreement(r.token_ids, ref) for r, ref in zip(results, self.reference)) / len(results)
         scores = pooled(row_scores)
         # prompts of one group (cuts of one source file) are not independent: the SE clusters by group
@@ -160,8 +190,9 @@ class DevSet:
         widths = widths_per_token(stats)
         modeled = cost_per_token(widths, self.pass_cost) if modelled else None
         # wall time per token, and without the prefill as the model prices it (`search.wall_calibration`)
-        return {"cost_per_token": modeled, "wall_per_token": stats.wall_time_s / tokens,
-                "decode_wall_per_token": decode_seconds(stats) / tokens,
+        return {"cost_per_token": modeled, "wall_per_token": timed.wall_time_s / timed_tokens,
+                "decode_wall_per_token": decode_seconds(timed) / timed_tokens,
+                "timed_prompts": min(len(results), self.timed),
                 "fidelity": scores["fidelity"], "fidelity_se": fidelity_standard_error(row_scores, groups),
                 "groups": len(set(groups)) if groups is not None else len(results),
                 "nll": scores["nll"], "agreement": agree,

@@ -28,12 +28,14 @@ def model_cost(point: dict) -> float:
 
 def wall_factors(points: list[dict]) -> dict[int, float]:
     """Per γ, `sum(prompts * decode_wall_per_token) / sum(prompts * model cost)` over `points` (`DevSet.evaluate`
-    measures: every one carries its prefill-free wall time and the prompts it decoded)."""
+    measures: every one carries its prefill-free wall time and the prompts it was measured on, `timed_prompts`, all
+    it decoded unless the search decodes in batches)."""
     sums: dict[int, list[float]] = {}
     for p in points:
+        weight = p.get("timed_prompts", p["prompts"])  # the prompts its wall time was measured on (batched searches)
         entry = sums.setdefault(int(p["gamma"]), [0.0, 0.0])
-        entry[0] += p["prompts"] * p["decode_wall_per_token"]
-        entry[1] += p["prompts"] * model_cost(p)
+        entry[0] += weight * p["decode_wall_per_token"]
+        entry[1] += weight * model_cost(p)
     return {g: w / m for g, (w, m) in sorted(sums.items())}
 
 

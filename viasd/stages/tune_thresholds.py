@@ -280,6 +280,8 @@ def search_signature(params: Params, pair: str, task: str, slim: str, cfg: Thres
                  "slim": slim, "mask": slim_description(params, pair, slim_spec(slim)), "cost_model": COST_MODEL}
     if pass_cost is not None:
         signature["pass_cost_model"] = costs_to_json(pass_cost)
+    if params.thresholds.batch_size > 1:  # batched dev decodes: the wall times come from fewer prompts
+        signature["batch"] = {"batch_size": params.thresholds.batch_size, "wall_prompts": params.thresholds.wall_prompts}
     if drafter_of(slim) == "feature":  # a retrained feature drafter is a new search
         signature["drafter"] = drafter_digest(params, params.pair(pair))
     if router_file is not None:  # a refitted router is a new search
@@ -363,13 +365,15 @@ def tune_slim(params: Params, pair: Pair, task: str, slim: str, progress: bool =
         models.router = load_router(router_file)
     common = {} if common is None else common
     base = replace(search_base(params, task), drafter=drafter)
+    batching = {"batch_size": params.thresholds.batch_size, "wall_prompts": params.thresholds.wall_prompts}
     dev = DevSet(models, examples, params.max_new_tokens(task), get_task(task).stop_strings, pass_cost,
-                 task=get_task(task), engine=engine, shared=_shared(common, "dev", drafter), base=base)
+                 task=get_task(task), engine=engine, shared=_shared(common, "dev", drafter), base=base, **batching)
     common[_shared_key("dev", drafter)] = dev.shared
     confirm = None
     if held_out and not worker.partial:  # the choice is confirmed by the stage's final (serial) run
         confirm = DevSet(models, held_out, params.max_new_tokens(task), get_task(task).stop_strings, dev.pass_cost,
-                         task=get_task(task), engine=engine, shared=_shared(common, "confirm", drafter), base=base)
+                         task=get_task(task), engine=engine, shared=_shared(common, "confirm", drafter), base=base,
+                         **batching)
         common[_shared_key("confirm", drafter)] = confirm.shared
     log.info("tuning thresholds for %s on %s with slim %s", pair.name, task, slim)
     # the study is named by what its trials depend on: not the fields that only select among them (CHOICE_FIELDS),
