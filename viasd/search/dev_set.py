@@ -189,10 +189,14 @@ class DevSet:
             raise ViasdError(f"no measured per-pass cost for runner layout(s) {sorted(missing)} (have {sorted(self.pass_cost)})")
         widths = widths_per_token(stats)
         modeled = cost_per_token(widths, self.pass_cost) if modelled else None
+        # the modelled cost of the prompts whose wall time was measured: what the calibration divides by
+        timed_widths = widths if len(results) <= self.timed else widths_per_token(timed)
+        timed_modeled = cost_per_token(timed_widths, self.pass_cost) if modelled else None
         # wall time per token, and without the prefill as the model prices it (`search.wall_calibration`)
         return {"cost_per_token": modeled, "wall_per_token": timed.wall_time_s / timed_tokens,
                 "decode_wall_per_token": decode_seconds(timed) / timed_tokens,
-                "timed_prompts": min(len(results), self.timed),
+                "timed_prompts": min(len(results), self.timed), "timed_cost_per_token": timed_modeled,
+                "timed_pass_widths_per_token": timed_widths,
                 "fidelity": scores["fidelity"], "fidelity_se": fidelity_standard_error(row_scores, groups),
                 "groups": len(set(groups)) if groups is not None else len(results),
                 "nll": scores["nll"], "agreement": agree,

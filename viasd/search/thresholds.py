@@ -253,9 +253,12 @@ def budgeted_oracle_point(dev: DevSet, cfg: ThresholdConfig, gamma: int) -> dict
 
 
 def _recosted(point: dict, dev: DevSet) -> dict:
-    """A measured point's cost under `dev`'s per-pass costs (its passes are the same)."""
+    """A measured point's cost under `dev`'s per-pass costs (its passes are the same), and that of the prompts its
+    wall time was measured on."""
     cost = cost_per_token(point["pass_widths_per_token"], dev.pass_cost)
-    return {**point, "cost_per_token": cost, "speedup_model_vs_ar": dev.full_pass_cost() / cost if cost else None}
+    timed = point.get("timed_pass_widths_per_token")
+    return {**point, "cost_per_token": cost, "speedup_model_vs_ar": dev.full_pass_cost() / cost if cost else None,
+            **({"timed_cost_per_token": cost_per_token(timed, dev.pass_cost)} if timed else {})}
 
 
 def search_params(point: dict, cfg: ThresholdConfig) -> dict:

@@ -28,14 +28,16 @@ def model_cost(point: dict) -> float:
 
 def wall_factors(points: list[dict]) -> dict[int, float]:
     """Per γ, `sum(prompts * decode_wall_per_token) / sum(prompts * model cost)` over `points` (`DevSet.evaluate`
-    measures: every one carries its prefill-free wall time and the prompts it was measured on, `timed_prompts`, all
-    it decoded unless the search decodes in batches)."""
+    measures: every one carries its prefill-free wall time, the prompts it was measured on, `timed_prompts`, and their
+    modelled cost, `timed_cost_per_token`: all it decoded unless the search decodes in batches)."""
     sums: dict[int, list[float]] = {}
     for p in points:
-        weight = p.get("timed_prompts", p["prompts"])  # the prompts its wall time was measured on (batched searches)
+        # a batched search measures walls on its first prompts only (`timed_prompts`), and models their cost apart
+        weight = p.get("timed_prompts", p["prompts"])
+        timed_model = p.get("timed_cost_per_token")
         entry = sums.setdefault(int(p["gamma"]), [0.0, 0.0])
         entry[0] += weight * p["decode_wall_per_token"]
-        entry[1] += weight * model_cost(p)
+        entry[1] += weight * (timed_model if timed_model is not None else model_cost(p))
     return {g: w / m for g, (w, m) in sorted(sums.items())}
 
 
