@@ -104,3 +104,12 @@ def study(tmp_path_factory):
     for role in ("target", "draft", "independent"):
         train_model(params, role, progress=False)
     return tmp, params
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A copy of the repository (its tracked and not-ignored files) as a fresh git repository, for the workflow tests
+    that run the real Snakemake, DVC and services on it."""
+    from workflow_helpers import copy_repo
+
+    return copy_repo(tmp_path / "repo")

@@ -30,7 +30,7 @@ from cluster_services import (
     stop_slurm,
     wait_for,
 )
-from workflow_helpers import BIN, GOLDEN, REPO, copy_repo, expected_run_names, run, smoke_fingerprint, tool_env
+from workflow_helpers import BIN, GOLDEN, REPO, expected_run_names, run, smoke_fingerprint, tool_env
 
 pytestmark = pytest.mark.slow
 
@@ -53,10 +53,6 @@ def postgres(tmp_path_factory):
     stop_postgres(folder, bindir)
     shutil.rmtree(folder, ignore_errors=True)
 
-
-@pytest.fixture
-def repo(tmp_path):
-    return copy_repo(tmp_path / "repo")
 
 
 def readme_cluster_section() -> tuple[str, list[str]]:

@@ -1,4 +1,5 @@
-"""The study workflow with the real tools on a copy of the repository: Snakemake, DVC, MLflow.
+"""The study workflow with the real tools on a copy of the repository: the two DAGs side by side, and the study
+through Snakemake and MLflow (the DVC path: tests/test_dvc_pipeline.py).
 
 The smoke configuration (config/smoke.yaml) keeps every run to a few minutes on 2 CPU cores.
 """
@@ -12,24 +13,22 @@ import socket
 import subprocess
 import time
 import urllib.request
-import warnings
 from pathlib import Path
 
 import pytest
 import yaml
 from workflow_helpers import (
     BIN,
-    CHROMIUM,
     GOLDEN,
     SMOKE_RUNS,
-    copy_repo,
     covers,
     dvc_stages,
     expected_run_names,
-    offline_plots_template,
-    rendered_dom,
+    md_rows,
+    planned_rules,
     run,
     smoke_fingerprint,
+    snakemake,
     snakemake_jobs,
     tool_env,
 )
@@ -37,13 +36,7 @@ from workflow_helpers import (
 from viasd.study.stage_params import BENCHMARKS
 
 SMOKE = ["--configfile", "config/smoke.yaml"]
-def snakemake(cwd: Path, *args: str, check: bool = True, timeout: float = 900):
-    return run([str(BIN / "snakemake"), *args], cwd, check=check, timeout=timeout)
 
-
-@pytest.fixture
-def repo(tmp_path):
-    return copy_repo(tmp_path / "repo")
 
 
 # ---------------------------------------------------------------- DAG definitions ------------------
@@ -213,7 +206,7 @@ def test_smoke_study_killed_resumed_tracked_and_reported(repo):
     (repo / "config" / "smoke.yaml").write_text(yaml.safe_dump(smoke, sort_keys=False))
     planned = snakemake(repo, "-n", "all", *SMOKE)
     (repo / "config" / "smoke.yaml").write_text(original)
-    rules = _planned_rules(planned.stdout + planned.stderr)
+    rules = planned_rules(planned.stdout + planned.stderr)
     assert rules == {"prepare_task", "decode", "evaluate", "report", "all"}, rules
 
     from mlflow.tracking import MlflowClient
@@ -272,170 +265,6 @@ def test_smoke_study_killed_resumed_tracked_and_reported(repo):
 
     snakemake(repo, "--report", "report.html", *SMOKE)
     assert (repo / "report.html").stat().st_size > 10_000
-
-
-# ---------------------------------------------------------------- DVC ------------------------------
-
-
-def md_rows(text: str) -> list[list[str]]:
-    """The cells of a markdown table's rows (header and body, not the rule line)."""
-    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in text.splitlines() if line.startswith("|")]
-    return [row for row in rows if not all(set(cell) <= set("-:") for cell in row)]
-
-
-def _planned_rules(output: str) -> set[str]:
-    """Rule names of a Snakemake dry run's job-stats table."""
-    import re
-
-    table = output.split("Job stats:", 1)[1] if "Job stats:" in output else ""
-    return {m.group(1) for m in re.finditer(r"^(\w+)\s+\d+\s*$", table, re.M) if m.group(1) != "total"}
-
-
-def _stages_run(output: str) -> set[str]:
-    import re
-
-    return set(re.findall(r"Running stage '([^']+)'", output))
-
-
-DVC_RUNS = ["ar", "sd", "viasd"]  # DVC runs stages one at a time: a smaller grid than the Snakemake test's
-
-
-FRONTIER_PLOT, LOSS_PLOT = "speed against fidelity (test split, every run)", "training loss"
-
-
-def _check_dvc_plots(repo: Path) -> None:
-    """`dvc plots show` draws the study's series with data (the frontier's point per run, the loss curve of each
-    trained model, both searches' trials); the HTML, opened in headless Chromium, draws every chart."""
-    shown = json.loads(run([str(BIN / "dvc"), "plots", "show", "--json"], repo).stdout)["data"]
-
-    def values(plot: str) -> list[dict]:
-        return [v for item in shown[plot] for v in item["content"]["data"]["values"]]
-
-    frontier = values(FRONTIER_PLOT)
-    assert {v["run"] for v in frontier} == set(DVC_RUNS) and all(float(v["speedup_vs_ar"]) > 0 for v in frontier)
-    assert all(0 < float(v["fidelity"]) <= 1 for v in frontier)
-    loss = values(LOSS_PLOT)
-    assert {v["filename"].rsplit("-", 1)[-1] for v in loss} == {"target.csv", "draft.csv", "independent.csv"}
-    assert all(float(v["loss"]) > 0 for v in loss) and len(loss) > 3 * 5
-    dimr = values("DIMR search (best mask cost so far)")
-    assert len(dimr) > 2 and float(dimr[-1]["best_cost"]) <= float(dimr[0]["best_cost"])
-    assert any(v["fidelity"] for v in values("threshold search trials (dev split; cost per token in ms)"))
-
-    template = offline_plots_template(Path.home() / ".cache" / "viasd-tests" / "vega")
-    if CHROMIUM is None or template is None:
-        warnings.warn("the DVC plots were not opened in a browser: no chromium, or npm could not fetch Vega", stacklevel=2)
-        return
-    run([str(BIN / "dvc"), "plots", "show", "-o", "dvc_plots", "--html-template", str(template)], repo)
-    dom = rendered_dom(repo / "dvc_plots" / "index.html")
-    # every chart drew as SVG: the two scatter plots' points, the DIMR line and a loss line per trained model
-    import re
-
-    vega = [plot for plot, items in shown.items() if items[0]["type"] == "vega"]
-    assert len(re.findall(r'<svg[^>]*class="marks"', dom)) == len(vega) == 4, dom[-3000:]
-    assert dom.count('class="mark-symbol role-mark marks"') == 2
-    assert dom.count('class="mark-line role-mark layer_0_layer_0_marks"') == 1 + 3
-    assert dom.count("<path") > len(frontier)
-
-
-@pytest.mark.slow
-def test_dvc_repro_reruns_only_what_a_parameter_change_touches(repo):
-    """The README's path: the study through Snakemake; DVC then finds it current, an edited decode parameter
-    re-runs exactly decode, evaluate and report under `dvc repro`, and Snakemake then finds nothing to do (and
-    the other way round); then DVC's metrics, experiments, queue and remote on the same study."""
-    (repo / "grid.yaml").write_text(yaml.safe_dump({"study": {"runs": DVC_RUNS}}))
-    run([str(BIN / "viasd"), "resolve-params", "--config", "config/smoke.yaml", "--config", "grid.yaml",
-         "-o", "params.yaml"], repo)
-    snakemake(repo, "--cores", "2", "all", timeout=1200)
-    assert (repo / "reports-smoke" / "summary.md").exists()
-    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]  # recorded by the run's success
-    assert {"prepare_corpus", "train_draft", "report"} <= set(lock) and len(lock) == len(dvc_stages(repo))
-    assert "Data and pipelines are up to date" in run([str(BIN / "dvc"), "status"], repo).stdout
-    _check_dvc_plots(repo)
-
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    gamma = params["decode"]["gamma"]
-    params["decode"]["gamma"] = gamma + 1
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    ran = _stages_run(run([str(BIN / "dvc"), "repro"], repo, timeout=1200).stdout)
-    # one decode and one evaluate stage per pair x task (every run of the grid in it)
-    assert ran == {"decode@smoke-stdlib_continuation", "evaluate@smoke-stdlib_continuation", "report"}, ran
-    assert "Data and pipelines are up to date" in run([str(BIN / "dvc"), "status"], repo).stdout
-    again = snakemake(repo, "-n", "all")
-    assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-3000:]
-    # and the other way round: Snakemake re-runs the same three, and DVC then finds them current
-    params["decode"]["gamma"] = gamma
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    planned = snakemake(repo, "-n", "all")
-    assert _planned_rules(planned.stdout + planned.stderr) == {"decode", "evaluate", "report", "all"}
-    snakemake(repo, "--cores", "2", "all")
-    assert "Data and pipelines are up to date" in run([str(BIN / "dvc"), "status"], repo).stdout
-    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
-    gamma_locked = next(p for p in lock["decode@smoke-stdlib_continuation"]["params"].values())["decode"]["gamma"]
-    assert gamma_locked == gamma
-
-    # the MLflow tags carry the hashes DVC recorded for the same inputs
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
-    exp = client.get_experiment_by_name("viasd-smoke")
-    tags = client.search_runs([exp.experiment_id], "tags.mlflow.runName = 'decode/smoke/stdlib_continuation/viasd'")[0].data.tags
-    deps = {d["path"]: d["md5"] for d in lock["decode@smoke-stdlib_continuation"]["deps"]}
-    assert tags["dvc_md5.model.target"] == deps["models-smoke/smoke/target"]
-    assert tags["dvc_md5.thresholds"] == deps["models-smoke/thresholds/smoke-stdlib_continuation"]
-    # one parent run for the DVC invocation: its stages' runs nested under it, FINISHED with the last stage
-    runs = client.search_runs([exp.experiment_id], max_results=1000)
-    parents = [r for r in runs if r.data.tags.get("stage") == "study" and "viasd.dvc_invocation" in r.data.tags]
-    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    nested = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
-    assert {r.data.tags.get("stage") for r in nested} == {"decode", "evaluate", "report"}
-
-    # the study's headline is DVC's metrics file; an experiment on a parameter re-runs what it touches only
-    metrics = json.loads(run([str(BIN / "dvc"), "metrics", "show", "--json"], repo).stdout)
-    assert "vs_sd_best" in json.dumps(metrics) and "fidelity" in json.dumps(metrics)
-    # (gamma + 1 ran above: DVC's run cache would restore its outputs without running a stage)
-    gamma = yaml.safe_load((repo / "params.yaml").read_text())["decode"]["gamma"] + 1
-    exp = run([str(BIN / "dvc"), "exp", "run", "-S", f"decode.gamma={gamma + 1}"], repo, timeout=1200)
-    second = _stages_run(exp.stdout)
-    assert second and {name.split("@")[0] for name in second} == {"decode", "evaluate", "report"}
-    # one decode and one evaluate stage per pair x task (every run of the grid in it)
-    assert second == {"decode@smoke-stdlib_continuation", "evaluate@smoke-stdlib_continuation", "report"}
-    assert all((repo / "reports-smoke" / "eval" / "smoke" / "stdlib_continuation" / f"{r}.json").exists() for r in DVC_RUNS)
-    shown = run([str(BIN / "dvc"), "exp", "show", "--md", "--no-pager"], repo).stdout
-    assert "vs_sd_best" in shown and "decode.gamma" in shown, shown[:2000]
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    assert params["decode"]["gamma"] == gamma + 1
-
-    # a queued experiment runs in a temporary workspace that DVC deletes: its runs reach the same store
-    def decodes():
-        return [r for r in client.search_runs([exp_id], "tags.mlflow.runName = 'decode/smoke/stdlib_continuation/viasd'")
-                if r.info.status == "FINISHED"]
-
-    exp_id = client.get_experiment_by_name("viasd-smoke").experiment_id
-    before = len(decodes())
-    run([str(BIN / "dvc"), "exp", "run", "--queue", "-S", f"decode.gamma={gamma + 2}", "-n", "queued-gamma"], repo)
-    run([str(BIN / "dvc"), "queue", "start"], repo)
-    deadline = time.time() + 900
-    while True:
-        status = run([str(BIN / "dvc"), "queue", "status"], repo).stdout
-        if not any(word in status for word in ("Queued", "Running")):
-            break
-        assert time.time() < deadline, status
-        time.sleep(3)
-    assert "Success" in status and "queued-gamma" in status, status
-    assert len(decodes()) == before + 1
-    assert not list((repo / ".dvc" / "tmp" / "exps").rglob("mlflow.db"))
-
-    # fewer test prompts: the task's prompt files are rebuilt, dev.jsonl hashes the same, so no training,
-    # no mask search and no threshold search re-run
-    params["tasks"]["stdlib_continuation"]["test_prompts"] -= 1
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    third = _stages_run(run([str(BIN / "dvc"), "repro"], repo, timeout=1200).stdout)
-    assert "prepare_task@stdlib_continuation-test" in third and "report" in third
-    assert not {n for n in third if n.split("@")[0] in ("prepare_corpus", "train_model", "train_draft", "dimr_search",
-                                                         "train_router", "tune_thresholds")}, third
-
-    pushed = run([str(BIN / "dvc"), "push"], repo)
-    assert "pushed" in pushed.stdout and any((repo / ".dvc-remote").rglob("*"))
 
 
 @pytest.mark.slow

@@ -49,6 +49,10 @@ def run(cmd: list[str], cwd: Path, check: bool = True, timeout: float = 900, env
     return proc
 
 
+def snakemake(cwd: Path, *args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
+    return run([str(BIN / "snakemake"), *args], cwd, check=check, timeout=timeout)
+
+
 def viasd_command(shell: str) -> str:
     """`viasd <stage> <args>` of a rule's or stage's command, without the parameter-file options (both
     tools read the same parameters) and without environment settings and redirections."""
@@ -199,3 +203,20 @@ def rendered_dom(html: Path) -> str:
     proc = subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, "--virtual-time-budget=15000", "--dump-dom", html.as_uri()],
                           capture_output=True, text=True, timeout=120)
     return proc.stdout
+
+
+def md_rows(text: str) -> list[list[str]]:
+    """The cells of a markdown table's rows (header and body, not the rule line)."""
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in text.splitlines() if line.startswith("|")]
+    return [row for row in rows if not all(set(cell) <= set("-:") for cell in row)]
+
+
+def planned_rules(output: str) -> set[str]:
+    """Rule names of a Snakemake dry run's job-stats table."""
+    table = output.split("Job stats:", 1)[1] if "Job stats:" in output else ""
+    return {m.group(1) for m in re.finditer(r"^(\w+)\s+\d+\s*$", table, re.M) if m.group(1) != "total"}
+
+
+def stages_run(output: str) -> set[str]:
+    """Names of the stages a `dvc repro` (or `dvc exp run`) output says it ran."""
+    return set(re.findall(r"Running stage '([^']+)'", output))

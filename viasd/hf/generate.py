@@ -147,43 +147,37 @@ def _models_and_policy(model, draft, policy, slim_layers, router, study, task, r
     """The `ModelSet` over `model` and the policy: from a study's run, or from the arguments."""
     from ..models import ModelSet
 
-    models = ModelSet(model, tokenizer=tokenizer, draft=draft)
     if study is not None:
-        return _study_models(models, model, draft, study, task, run)
-    for layers in [slim_layers] if slim_layers is not None else []:
-        models.add_mask(list(layers))
+        return _study_models(model, draft, study, task, run, tokenizer)
+    models = ModelSet(model, tokenizer=tokenizer, draft=draft)
+    if slim_layers is not None:
+        models.add_mask(list(slim_layers))
     if router is not None:
         from ..training.tier_router import load_router
 
         models.router = load_router(router) if isinstance(router, (str, Path)) else router
-    if policy is None:
-        policy = DecodePolicy(method="sd" if draft is not None else "ar")
-    return models, policy
+    return models, policy or DecodePolicy(method="sd" if draft is not None else "ar")
 
 
-def _study_models(models, model, draft, study, task, run):
-    """A finished study's run over `model`: its routing mask, learned router and policy, and its draft unless one
-    was given (`study.cells.GridCell`)."""
-    from ..config import load
+def _study_models(model, draft, study, task, run, tokenizer):
+    """A finished study's run (`study.cells.study_cell`) over `model`: its routing mask, learned router and policy,
+    and its draft unless one was given."""
     from ..decoding.slim import RoutingMask, num_decoder_layers
     from ..models import ModelSet, load_model
-    from ..study.cells import GridCell, load_pair_router, study_policy
+    from ..study.cells import load_pair_router, study_cell, study_policy
 
-    path = Path(study)
-    params = load(path / "params.yaml" if path.is_dir() else path)
-    task = task or params.thresholds.task
-    cell = GridCell.of(params, params.pair().name, task, run)
+    cell = study_cell(study, task, run=run)
     if cell.run.ablation == "independent":
         raise PolicyError(f"run {run!r} verifies with a separate model: decode it with `viasd generate --pair ...`")
     policy = study_policy(cell)
-    if draft is None and policy.method not in ("ar", "self_sd"):
-        draft = load_model(params.pair(cell.pair).draft, device=str(model.device))
-    models = ModelSet(model, tokenizer=models.tokenizer, draft=draft)
+    if draft is None and policy.needs_draft:
+        draft = load_model(cell.params.pair(cell.pair).draft, device=str(model.device))
+    models = ModelSet(model, tokenizer=tokenizer, draft=draft)
     mask = cell.inputs.get("mask")
     if mask is not None and policy.needs_slim:
         models.add_mask(RoutingMask.from_json(mask, num_decoder_layers(model)))
     if policy.router == "learned":
-        models.router = load_pair_router(params, cell.pair, policy.drafter)
+        models.router = load_pair_router(cell.params, cell.pair, policy.drafter)
     return models, policy
 
 

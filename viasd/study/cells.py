@@ -221,14 +221,11 @@ def study_policy(cell: GridCell) -> DecodePolicy:
     return replace(base, stop_strings=tuple(dict.fromkeys(base.stop_strings + tuple(get_task(cell.task).stop_strings))))
 
 
-def load_study_run(study: str | Path = ".", task: str | None = None, pair: str | None = None, run: str = "viasd",
-                   config: Sequence[str | Path] = (), device: str | None = None):
-    """The models and decoding policy of one run of a finished study: the pair's models with the run's slim
-    verifier, its learned router and tuned thresholds, the task's stop strings, as the study decoded the task.
-
-    `study`: the study's directory (its params.yaml; paths in it are relative to it) or the params file itself;
-    `config`: files merged over it (as `--config`); `task`: default `thresholds.task`; `pair`: default the first of
-    `study.pairs`; `run`: a run of the grid (`viasd`, `sd`, `viasd-rules`, ...). Returns `(ModelSet, DecodePolicy)`."""
+def study_cell(study: str | Path = ".", task: str | None = None, pair: str | None = None, run: str = "viasd",
+               config: Sequence[str | Path] = ()) -> GridCell:
+    """One run of a finished study as a `GridCell`: `study` is the study's directory (its params.yaml; paths in it are
+    relative to it) or the params file itself, `config` files merged over it (as `--config`); `task`: default
+    `thresholds.task`; `pair`: default the first of `study.pairs`; `run`: a run of the grid (`viasd`, `sd`, ...)."""
     from ..config import load
 
     path = Path(study)
@@ -236,6 +233,14 @@ def load_study_run(study: str | Path = ".", task: str | None = None, pair: str |
     task = task or params.thresholds.task
     if task not in params.tasks:
         raise ConfigError(f"task {task!r} is not a task of the study (tasks: {', '.join(params.tasks)})")
-    cell = GridCell.of(params, params.pair(pair).name, task, run)
+    return GridCell.of(params, params.pair(pair).name, task, run)
+
+
+def load_study_run(study: str | Path = ".", task: str | None = None, pair: str | None = None, run: str = "viasd",
+                   config: Sequence[str | Path] = (), device: str | None = None):
+    """The models and decoding policy of one run of a finished study (`study_cell`): the pair's models with the run's
+    slim verifier, its learned router and tuned thresholds, the task's stop strings, as the study decoded the task.
+    Returns `(ModelSet, DecodePolicy)`."""
+    cell = study_cell(study, task, pair, run, config)
     policy = study_policy(cell)
     return cell.load_models(policy, device), policy
