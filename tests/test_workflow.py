@@ -228,6 +228,15 @@ def test_smoke_study_killed_resumed_tracked_and_reported(repo):
     assert {"rejection_rate", "acceptance_rate", "mean_accepted_length", "speedup_vs_ar", "speed.vs_ar.ratio",
             "quality.agreement",
             "accepted_by_tier.accepted_direct", "passes.target"} <= set(viasd.metrics)
+    # the report's saved view of the MLflow runs table: its filter finds the evaluate run of every run of the grid,
+    # each with its speed over SD at its best gamma
+    from viasd.study import mlflow_view
+
+    view = json.loads(exp.tags[mlflow_view.VIEW_TAG_PREFIX + mlflow_view.VIEW_ID])
+    compared = client.search_runs([exp.experiment_id], json.loads(view["state"])["searchFilter"], max_results=1000)
+    assert sorted(r.info.run_name for r in compared) == [n for n in expected_run_names() if n.startswith("evaluate/")]
+    assert all("speed.vs_sd_best.ratio" in r.data.metrics for r in compared)
+    assert "compare the runs" in exp.tags["mlflow.note.content"]
     decode = by_name["decode/smoke/stdlib_continuation/viasd-mask_random"].data
     assert decode.tags["ablation"] == "mask_random" and len(decode.tags["git_commit"]) == 40
     assert decode.tags["dvc_md5.model.target"].endswith(".dir") and "dvc_md5.thresholds" in decode.tags

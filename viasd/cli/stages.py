@@ -299,21 +299,18 @@ def _report(args) -> int:
 
 
 def describe_study(args, params, out: dict, run_id: str) -> None:
-    """The study's comparison as the MLflow experiment's description (`report.overview`): what the UI shows first,
-    with each task's speed-against-quality plot (this run's artifact) and a link to the runs table."""
+    """The study's comparison where the MLflow UI shows it (`study.mlflow_view`): the runs table's saved view of the
+    compared runs and the experiment's description; a failure only warns, as tracking does."""
     import logging
 
-    from ..report.overview import experiment_overview
-    from ..study.tracking import artifact_url, describe_experiment
+    from ..study.mlflow_view import publish_comparison
 
-    plots = {(p, t): artifact_url(run_id, f"{p}-{t}-frontier.png") for p, tasks in out["headline"].items()
-             for t in tasks}
     try:
-        describe_experiment(args.params.resolve().parent, experiment(params),
-                            lambda exp_id: experiment_overview(params.study.name, out["headline"], plots,
-                                                               f"#/experiments/{exp_id}/runs?workflowType=machine_learning"))
+        shown = publish_comparison(args.params.resolve().parent, experiment(params), params.study.name,
+                                   out["headline"], run_id)
+        logging.getLogger(__name__).info("the MLflow view of the compared runs shows %d runs", shown)
     except Exception as err:  # noqa: BLE001 - tracking failures only warn
-        logging.getLogger(__name__).warning("the MLflow experiment's description was not set: %s", err)
+        logging.getLogger(__name__).warning("the MLflow experiment's description and view were not set: %s", err)
 
 
 def register_models(args, params, run_id: str) -> None:

@@ -2,7 +2,8 @@
 the experiment's page in either of its views (the GenAI overview it opens on, and the training runs): a first line
 with the headline (the tuned VIA-SD against SD at its best γ, with its quality), then, one click away, every run of
 each pair and task with its speed over `ar` and over SD (95 % intervals), fidelity, task drop and rejection rate, the
-speed-against-fidelity plot of each, and a link to the runs table."""
+speed-against-fidelity plot of each, and links to the saved view of these runs in the runs table
+(`study.mlflow_view`)."""
 
 from __future__ import annotations
 
@@ -29,9 +30,10 @@ def headline_line(headline: dict) -> str:
 
 
 def experiment_overview(study: str, headline: dict, plots: dict[tuple[str, str], str] | None = None,
-                        runs_link: str | None = None) -> str:
+                        runs_link: str | None = None, chart_link: str | None = None) -> str:
     """The description: `headline` is the report's per pair, task and run figures (`metrics.json`); `plots`: a
-    (pair, task) -> image URL of its speed-against-fidelity plot; `runs_link`: the runs table's URL."""
+    (pair, task) -> image URL of its speed-against-fidelity plot; `runs_link` and `chart_link`: the runs table's
+    view of the compared runs, as a table and as charts."""
     lines = [f"**{headline_line(headline)}** (study `{study}`, test split; 95 % intervals)", ""]
     for pair, tasks in headline.items():
         for task, runs in tasks.items():
@@ -48,5 +50,8 @@ def experiment_overview(study: str, headline: dict, plots: dict[tuple[str, str],
                 lines += ["", f"![speed against quality]({plots[pair, task]})"]
             lines.append("")
     if runs_link:
-        lines.append(f"Every stage's run, with its parameters and metrics: [the runs table]({runs_link}).")
+        chart = f", or [as charts]({chart_link})" if chart_link else ""
+        lines.append(f"These runs in MLflow's runs table, with every parameter and metric: [compare the runs]"
+                     f"({runs_link}){chart} (the view `viasd: runs compared` under \"Views\" in the Model training "
+                     f"mode).")
     return "\n".join(lines)

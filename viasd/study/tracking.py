@@ -117,13 +117,18 @@ def ui_page(experiment_id: str, server: str = "http://127.0.0.1:5000") -> str:
     return f"{server}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
 
 
-def describe_experiment(root: Path, experiment: str, markdown) -> None:
-    """Set the experiment's description (`mlflow.note.content`), which the MLflow UI shows at the top of the
-    experiment's page in every view; `markdown`: the text, or a function of the experiment's id that makes it."""
+def experiment_client(root: Path, experiment: str):
+    """An `MlflowClient` on the study's store and the experiment's id (created if missing)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri(root))
-    exp_id = _experiment_id(client, experiment)
+    return client, _experiment_id(client, experiment)
+
+
+def describe_experiment(root: Path, experiment: str, markdown) -> None:
+    """Set the experiment's description (`mlflow.note.content`), which the MLflow UI shows at the top of the
+    experiment's page in every view; `markdown`: the text, or a function of the experiment's id that makes it."""
+    client, exp_id = experiment_client(root, experiment)
     client.set_experiment_tag(exp_id, "mlflow.note.content", markdown(exp_id) if callable(markdown) else markdown)
 
 
