@@ -37,8 +37,12 @@ def test_the_callable_with_tiers_off_is_greedy_generate(pair):
     target, draft, tok = pair
     ids = tok("def walk(top):\n    for", return_tensors="pt").input_ids
     expected = _greedy(target, ids)
-    for policy, slim in ((OFF, [0, 1]), (DecodePolicy(method="sd", gamma=4), None), (DecodePolicy(method="ar"), None)):
-        out = target.generate(ids, custom_generate=viasd.hf.generate, draft_model=draft, viasd_policy=policy,
+    # every lossless method: tiers off, SD, the self-speculative slim drafting alone (no draft model), cascade SD
+    for policy, slim, drafter in ((OFF, [0, 1], draft), (DecodePolicy(method="sd", gamma=4), None, draft),
+                                  (DecodePolicy(method="ar"), None, None),
+                                  (DecodePolicy(method="self_sd", gamma=3), [0, 1], None),
+                                  (DecodePolicy(method="cascade_sd", gamma=3), [0, 1], draft)):
+        out = target.generate(ids, custom_generate=viasd.hf.generate, draft_model=drafter, viasd_policy=policy,
                               slim_layers=slim, max_new_tokens=16, do_sample=False)
         assert torch.equal(out, expected), policy.method
     # the slim tiers on: lossy, but the same shape and each row's statistics on the dictionary output
