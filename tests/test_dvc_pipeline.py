@@ -119,7 +119,7 @@ def test_dvc_repro_reruns_only_what_a_parameter_change_touches(repo):
     assert "vs_sd_best" in json.dumps(metrics) and "fidelity" in json.dumps(metrics)
     # (gamma + 1 ran above: DVC's run cache would restore its outputs without running a stage)
     gamma = yaml.safe_load((repo / "params.yaml").read_text())["decode"]["gamma"] + 1
-    exp = run([str(BIN / "dvc"), "exp", "run", "-S", f"decode.gamma={gamma + 1}"], repo, timeout=1200)
+    exp = run([str(BIN / "dvc"), "exp", "run", "-S", f"decode.gamma={gamma + 1}", "-n", "gamma-up"], repo, timeout=1200)
     second = stages_run(exp.stdout)
     assert second and {name.split("@")[0] for name in second} == {"decode", "evaluate", "report"}
     # one decode and one evaluate stage per pair x task (every run of the grid in it)
@@ -149,6 +149,11 @@ def test_dvc_repro_reruns_only_what_a_parameter_change_touches(repo):
     assert "Success" in status and "queued-gamma" in status, status
     assert len(decodes()) == before + 1
     assert not list((repo / ".dvc" / "tmp" / "exps").rglob("mlflow.db"))
+    # `dvc plots diff` between the two experiments draws both: the frontier's points of each, by revision
+    diff = json.loads(run([str(BIN / "dvc"), "plots", "diff", "gamma-up", "queued-gamma", "--json"], repo).stdout)
+    frontier = [v for item in diff["data"][FRONTIER_PLOT] for v in item["content"]["data"]["values"]]
+    assert {v["rev"] for v in frontier} == {"gamma-up", "queued-gamma"}, {v.get("rev") for v in frontier}
+    assert all({v["run"] for v in frontier if v["rev"] == rev} == set(DVC_RUNS) for rev in ("gamma-up", "queued-gamma"))
 
     # fewer test prompts: the task's prompt files are rebuilt, dev.jsonl hashes the same, so no training,
     # no mask search and no threshold search re-run
