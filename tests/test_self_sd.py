@@ -107,3 +107,75 @@ def test_bench_sets_self_sd_beside_transformers_early_exit(pair_dirs, tokenizer)
         method_table(load_models(target, masks=[[0, 2]], device="cpu", dtype="float32"), ["hf_early_exit"], 3, 8)
     with pytest.raises(BenchError, match="need a draft model"):
         method_table(models, ["sd"], 3, 8)
+
+
+def _with_self_drafter(models, draft_layers, slim_layers):
+    """The loaded pair with the target's `draft_layers` as its drafter (`drafter: self`) and a slim keeping
+    `slim_layers` (shared weights, nothing copied)."""
+    L = models.target.config.num_hidden_layers
+    view = models.with_slims([SlimVerifier(models.target, RoutingMask.from_layers(slim_layers, L))])
+    view.self_drafter = None
+    view.set_self_drafter(draft_layers)
+    return view
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_the_self_drafter_under_sd_and_viasd_is_greedy_generate(model_sets, tokenizer, arch):
+    """VIA-SD on self-speculation: the target's first layer drafts, a deeper slim (layers 0-2) is the middle tier,
+    the full model the last. Every lossless composition writes `generate(do_sample=False)`'s tokens, one prompt at a
+    time and in a batch; the drafter's passes run its one layer only."""
+    view = _with_self_drafter(model_sets(arch), [0], [0, 1, 2])
+    off = dict(method="viasd", tau_accept=float("inf"), tau_slim=float("inf"))
+    policies = [DecodePolicy(method="sd", gamma=3, drafter="self", max_new_tokens=N_NEW, eos_token_ids=()),
+                DecodePolicy(**off, gamma=3, drafter="self", max_new_tokens=N_NEW, eos_token_ids=()),
+                DecodePolicy(method="cascade_sd", gamma=2, drafter="self", max_new_tokens=N_NEW, eos_token_ids=())]
+    prompts = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    references = [hf_greedy(view, ids, N_NEW, None) for ids in prompts]
+    for policy in policies:
+        for ids, reference in zip(prompts, references):
+            out = view.generate(ids, policy)
+            assert out.token_ids == reference, policy.method
+            check_accounting(out.stats)
+            assert out.stats.layer_tokens["draft"] == out.stats.tokens_processed["draft"] > 0  # one layer a token
+        assert [r.token_ids for r in view.generate(prompts, policy, batch_size=2)] == references, policy.method
+    # the tiers on: the slim settles blocks the full model never sees
+    on = view.generate(prompts[0], DecodePolicy(method="viasd", gamma=3, tau_accept=0.5, tau_slim=0.3, drafter="self",
+                                                max_new_tokens=N_NEW, eos_token_ids=()))
+    check_accounting(on.stats)
+    assert on.stats.accepted_direct + on.stats.accepted_slim > 0
+
+
+def test_sampled_viasd_on_the_self_drafter_has_the_targets_distribution(model_sets, tokenizer):
+    import copy
+
+    models = model_sets("llama")
+    ids = tokenizer("def parse(self, text):\n")["input_ids"]
+    dist = exact_two_token_distribution(models, ids)
+    view = copy.copy(_with_self_drafter(models, [0], [0, 1, 2]))
+    view.draft = view.self_drafter  # what `drafter: self` hands `decode`
+    counts = sample_counts(view, ids, "viasd", tau_accept=float("inf"), tau_slim=float("inf"))
+    assert p_value(counts, dist) > ALPHA
+
+
+def test_the_self_drafter_needs_a_deeper_slim_and_no_draft_model(model_sets, tokenizer, pair_dirs, capsys):
+    from viasd.cli import main
+    from viasd.errors import PolicyError
+
+    view = _with_self_drafter(model_sets("llama"), [0, 1], [0, 2])
+    with pytest.raises(PolicyError, match="must keep more layers than the drafter"):
+        view.generate(PROMPTS[0], DecodePolicy(method="viasd", gamma=3, tau_accept=0.5, tau_slim=0.3, drafter="self",
+                                               max_new_tokens=4))
+    bare = model_sets("llama").with_slims([])
+    bare.self_drafter = None
+    with pytest.raises(PolicyError, match="drafter: self needs"):
+        bare.generate(PROMPTS[0], DecodePolicy(method="sd", gamma=3, drafter="self", max_new_tokens=4))
+    # from the command line: no --draft, the target's own layer drafts; sd's tokens are ar's
+    target, _ = pair_dirs("llama")
+    args = ["generate", "--target", str(target), "--max-new-tokens", "8", "--prompt", "def f(x):", "--json",
+            "--device", "cpu"]
+    assert main([*args, "--method", "viasd", "--draft-layers", "0", "--keep-layers", "0,1,2", "--gamma", "3",
+                 "--tau-accept", "inf", "--tau-slim", "inf"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["policy"]["drafter"] == "self" and len(out["token_ids"]) == 8
+    assert main([*args, "--method", "ar"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == out["token_ids"]

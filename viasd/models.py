@@ -195,6 +195,8 @@ class ModelSet:
     router: LearnedRouter | None = None  # viasd `router: learned`: the fitted router of the (first) slim
     feature_drafter: nn.Module | None = None  # `drafter: feature` policies: a `FeatureDrafter` on the target's trunk
     feature_router: LearnedRouter | None = None  # the learned router refitted on the feature drafter's blocks
+    # `drafter: self` policies: a shallower routing of the target that drafts (`set_self_drafter`)
+    self_drafter: SlimVerifier | None = None
 
     def __post_init__(self):
         if self.draft is not None:
@@ -222,6 +224,16 @@ class ModelSet:
         slim = SlimVerifier(self.target, mask)
         self.slims.append(slim)
         return slim
+
+    def set_self_drafter(self, mask: RoutingMask | Sequence[int]) -> SlimVerifier:
+        """Self-speculation under any drafting method (`drafter: self`): the target routed through `mask` drafts.
+        Its layers are its own pass with its own cache (not shared with a slim's or the full model's), so under
+        the tiered methods it pays only where it is much shallower than the slim tier, which must keep more
+        layers than it (checked when a policy decodes with it)."""
+        if not isinstance(mask, RoutingMask):
+            mask = RoutingMask.from_layers(list(mask), num_decoder_layers(self.target), source="draft_layers")
+        self.self_drafter = SlimVerifier(self.target, mask)
+        return self.self_drafter
 
     def add_independent(self, model: nn.Module, tokenizer=None) -> IndependentVerifier:
         """Use a separately trained model as an intermediate verifier (the independent ablation)."""
@@ -323,7 +335,22 @@ class ModelSet:
                 raise PolicyError("drafter: feature needs a feature drafter (`viasd train-drafter`; "
                                   "ModelSet.feature_drafter, or load_models(feature_drafter=...))")
             draft = self.feature_drafter
+        elif policy.drafter == "self":
+            draft = self._self_drafter(policy)
         return draft, router
+
+    def _self_drafter(self, policy: DecodePolicy) -> SlimVerifier:
+        if self.self_drafter is None:
+            raise PolicyError("drafter: self needs the layers the target drafts with (ModelSet.set_self_drafter, "
+                              "or --draft-layers)")
+        if policy.runs_slim:
+            kept = len(self.self_drafter.mask.keep_layers)
+            shallow = [s for s in self.slims if isinstance(s, SlimVerifier) and len(s.mask.keep_layers) <= kept]
+            if shallow:
+                raise PolicyError(f"the slim tier keeps {len(shallow[0].mask.keep_layers)} layers but the self-drafter "
+                                  f"{kept}: under {policy.method} the slim is the middle tier between the self-drafter "
+                                  "and the full model, so it must keep more layers than the drafter")
+        return self.self_drafter
 
     def _add_text(self, result: DecodeResult) -> None:
         if self.tokenizer is not None:

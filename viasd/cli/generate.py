@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 
 DEFAULTS = {f.name: f.default for f in fields(DecodePolicy)} | asdict(SamplingConfig())
 # what a study cell takes from its pair and run; given with --pair, these are an error
-MODEL_FLAGS = {"target": "--target", "draft": "--draft", "mask": "--mask", "keep_layers": "--keep-layers",
+MODEL_FLAGS = {"target": "--target", "draft": "--draft", "draft_layers": "--draft-layers", "mask": "--mask",
+               "keep_layers": "--keep-layers",
                "independent": "--independent", "router_file": "--router-file", "method": "--method",
                "trust_remote_code": "--trust-remote-code", "dtype": "--dtype"}
 SAMPLING = ("temperature", "top_k", "top_p")
@@ -70,6 +71,9 @@ def _add_models(p) -> None:
     m = p.add_argument_group("models given directly")
     m.add_argument("--target", help="target model: local directory or Hugging Face hub id")
     m.add_argument("--draft", help="draft model (every method but ar needs one)")
+    m.add_argument("--draft-layers", metavar="0,1",
+                   help="self-speculation under any drafting method: the target's own layers draft (no --draft); "
+                        "under viasd the slim (--keep-layers) must keep more")
     m.add_argument("--mask", action="append", default=[], metavar="FILE",
                    help="routing mask JSON ({\"keep_layers\": [...]}); repeat for the N-tier form (smallest first)")
     m.add_argument("--keep-layers", action="append", default=[], metavar="0,2,5",
@@ -179,15 +183,21 @@ def _direct(args):
         raise ViasdError("give the models: --target DIR (and --draft, --mask ...), or a study cell: --pair P --task T")
     base = DecodePolicy(method=args.method or DEFAULTS["method"])
     policy = replace(base, **policy_overrides(args, base))
-    if policy.needs_draft and not args.draft:
-        raise ViasdError(f"method {policy.method} needs --draft")
+    if args.draft_layers and args.draft:
+        raise ViasdError("give one drafter: --draft DIR (a draft model) or --draft-layers 0,1 (the target's own layers)")
+    if args.draft_layers and policy.needs_draft:
+        policy = replace(policy, drafter="self")
+    if policy.needs_draft and not (args.draft or args.draft_layers):
+        raise ViasdError(f"method {policy.method} needs --draft (or --draft-layers for the target's own layers)")
     if policy.needs_slim and not (args.mask or args.keep_layers or args.independent):
         raise ViasdError(f"method {policy.method} needs a slim verifier: pass --mask FILE or --keep-layers 0,2,...")
     if (policy.router == "learned") != (args.router_file is not None):
         raise ViasdError("--router learned and --router-file FILE go together")
     device = args.device or "auto"
-    models = load_models(args.target, draft=args.draft if policy.needs_draft else None, device=device,
+    models = load_models(args.target, draft=args.draft if policy.needs_draft and args.draft else None, device=device,
                          dtype=args.dtype, trust_remote_code=args.trust_remote_code)
+    if policy.drafter == "self":
+        models.set_self_drafter(RoutingMask.parse(args.draft_layers, num_decoder_layers(models.target)))
     if policy.needs_slim:
         n = num_decoder_layers(models.target)
         for path in args.mask:

@@ -199,6 +199,8 @@ class DecodeSession:
             ]
         if feature is not None:
             self.draft = FeatureDraftRunner(feature, self.trunk, vocab_size, policy.exact_timing)
+        elif isinstance(draft, SlimVerifier):  # a self-drafter: a shallower routing of the target, its own cache
+            self.draft = runner("draft", draft.model, lambda: draft.new_cache(kind, capacity))
         else:
             self.draft = runner("draft", draft, lambda: model_cache(draft, kind, capacity)) if draft is not None \
                 else None

@@ -16,7 +16,8 @@ ROUTERS = ("rules", "learned", "oracle")  # how viasd decides its tiers (decodin
 CACHE_KINDS = ("inplace", "dynamic", "static")  # KV cache of each runner (viasd.kv_cache)
 DEFAULT_CACHE = "inplace"
 # the fields of a viasd policy that the threshold search sets (a thresholds file holds them)
-DRAFTERS = ("model", "feature")  # the draft model; a feature drafter on the target's trunk (EAGLE-3-style)
+# the draft model; a feature drafter on the target's trunk (EAGLE-3-style); a shallower routing of the target
+DRAFTERS = ("model", "feature", "self")
 
 TUNED_FIELDS = ("gamma", "tau_accept", "tau_slim", "score", "confidence", "gate", "max_lag", "verify_lagged", "router",
                 "verify_block", "draft_stop")
@@ -52,8 +53,11 @@ class DecodePolicy:
     `draft_stop` (dynamic draft length, every drafting method): a block's drafting stops after a token the
     drafter gave a probability below `draft_stop` (its own distribution, as it drew the token), so `gamma` is
     the most a block drafts (0 = off: always `gamma`). `drafter` (`DRAFTERS`): who drafts for the drafting
-    methods, `model` (the draft model) or `feature` (a feature drafter on the target's shared trunk,
-    `feature_drafter.py`, passed to `decode` as the draft); `ModelSet.generate` picks the module by it.
+    methods, `model` (the draft model), `feature` (a feature drafter on the target's shared trunk,
+    `feature_drafter.py`, passed to `decode` as the draft) or `self` (self-speculation under any method: a
+    shallower routing of the target, a `SlimVerifier` passed to `decode` as the draft, drafting with a cache of its
+    own; under `viasd` and the cascades the slim tier must keep more layers than it); `ModelSet.generate` picks the
+    module by it.
     `spec_cascade`: `rule`, `alpha`. `cascade_sd`: `gamma_slim`, the
     number of slim-level tokens collected before the full model verifies (default `2 * gamma`).
     `cache` (`CACHE_KINDS`, see `kv_cache`): `inplace` (buffers for prompt + max_new_tokens + gamma + 1
