@@ -107,6 +107,14 @@ def test_bench_sets_self_sd_beside_transformers_early_exit(pair_dirs, tokenizer)
         method_table(load_models(target, masks=[[0, 2]], device="cpu", dtype="float32"), ["hf_early_exit"], 3, 8)
     with pytest.raises(BenchError, match="need a draft model"):
         method_table(models, ["sd"], 3, 8)
+    # VIA-SD on the self-drafter: the target's first layer drafts, the slim (layers 0, 1) is the middle tier
+    models.set_self_drafter([0])
+    names = ["ar", "sd-drafter_self", "viasd-drafter_self"]
+    viasd = {"tau_accept": 0.5, "tau_slim": 0.3}
+    res = run_benchmark(models, prompts, method_table(models, names, 3, 8, viasd), 8, repeats=1, progress=False)
+    assert res["methods"]["sd-drafter_self"]["quality"]["fidelity"] == 1.0  # the bench checked its tokens are ar's
+    assert res["intervals"]["viasd-drafter_self_vs_sd-drafter_self"]["ratio"] > 0, res["intervals"]
+    assert res["methods"]["viasd-drafter_self"]["quality"]["fidelity"] is not None
 
 
 def _with_self_drafter(models, draft_layers, slim_layers):

@@ -29,9 +29,10 @@ def run_setting(models) -> dict:
     return {"device": first.device.type, "dtype": str(first.dtype).removeprefix("torch.")}
 
 
-def load_bench_models(params: Params, pair_name: str | None, device: str, dtype: str):
+def load_bench_models(params: Params, pair_name: str | None, device: str, dtype: str, draft_layers: str | None = None):
     """The pair, with its DIMR mask as slim verifier when the search has run, its learned router when
-    `viasd train-router` has fitted one, and the family's feature drafter when `viasd train-drafter` has trained it."""
+    `viasd train-router` has fitted one, the family's feature drafter when `viasd train-drafter` has trained it, and
+    `draft_layers` ("0,1") of the target as the self-drafter of the `-drafter_self` methods."""
     from ..models import load_models
     from ..training.tier_router import load_router
 
@@ -50,6 +51,10 @@ def load_bench_models(params: Params, pair_name: str | None, device: str, dtype:
         feature_router = router_paths(params, pair.name, "feature")["router"]
         if feature_router.exists():  # refitted on the feature drafter's blocks (a viasd-drafter_feature run)
             models.feature_router = load_router(feature_router)
+    if draft_layers:
+        from ..decoding.slim import RoutingMask, num_decoder_layers
+
+        models.set_self_drafter(RoutingMask.parse(draft_layers, num_decoder_layers(models.target)))
     return pair, models
 
 
@@ -163,8 +168,8 @@ def study_table(params: Params, pair: str, models, task: str, methods: list[str]
 
 def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: list[str], prompts: int,
                     max_new_tokens: int | None, repeats: int, gamma: int | None, device: str, dtype: str,
-                    progress: bool = True, engine: dict | None = None) -> dict:
-    pair, models = load_bench_models(params, pair_name, device, dtype)
+                    progress: bool = True, engine: dict | None = None, draft_layers: str | None = None) -> dict:
+    pair, models = load_bench_models(params, pair_name, device, dtype, draft_layers)
     if "hf_early_exit" in methods and methods == default_methods(params) and not _prefix_slim(models):
         log.info("hf_early_exit left out: the pair's slim does not keep a prefix of the target's layers")
         methods = [m for m in methods if m != "hf_early_exit"]

@@ -20,8 +20,8 @@ from ..models import ModelSet
 
 log = logging.getLogger(__name__)
 
-MUST_MATCH = ("ar", "sd", "self_sd", "cascade_sd", "sd-drafter_feature", "hf_ar", "hf_assisted", "hf_assisted_fixed",
-              "hf_assisted_heuristic", "hf_early_exit")
+MUST_MATCH = ("ar", "sd", "self_sd", "cascade_sd", "sd-drafter_feature", "sd-drafter_self", "hf_ar", "hf_assisted",
+              "hf_assisted_fixed", "hf_assisted_heuristic", "hf_early_exit")
 
 
 def quality_of(models: ModelSet, prompts: list[list[int]], tokens: dict[str, list[list[int]]],

@@ -28,12 +28,13 @@ SWEEP_METHODS = ["hf_ar", "ar", "sd", "viasd"]
 
 def run_sweep(params: Params, pair_name: str | None, task: str, kind: str, values: list[int], prompts: int,
               max_new_tokens: int | None, repeats: int, gamma: int | None, device: str, dtype: str,
-              methods: list[str] | None = None, progress: bool = True, engine: dict | None = None) -> dict:
+              methods: list[str] | None = None, progress: bool = True, engine: dict | None = None,
+              draft_layers: str | None = None) -> dict:
     """Tokens/s and peak memory of `methods` against one knob (or, for `position`, milliseconds per
     generated token with that many tokens already in the cache); a table, JSON and a plot."""
     if kind not in SWEEPS:
         raise BenchError(f"unknown sweep {kind!r}; choose from {', '.join(SWEEPS)}")
-    pair, models = load_bench_models(params, pair_name, device, dtype)
+    pair, models = load_bench_models(params, pair_name, device, dtype, draft_layers)
     if kind == "frontier":
         return run_frontier(params, pair.name, models, task, prompts, max_new_tokens, repeats, gamma, progress, engine)
     engine = engine_options(params, engine)
@@ -117,12 +118,13 @@ def _sweep_plot(out: dict, path) -> None:
 
 def run_batch_sweep(params: Params, pair_name: str | None, task: str, batch_sizes: list[int], prompts: int,
                     max_new_tokens: int | None, repeats: int, gamma: int | None, device: str, dtype: str,
-                    methods: list[str] | None = None, progress: bool = True, engine: dict | None = None) -> dict:
+                    methods: list[str] | None = None, progress: bool = True, engine: dict | None = None,
+                    draft_layers: str | None = None) -> dict:
     """Throughput and latency against batch size (`bench.batch`): `hf_ar`, `ar`, `sd` at its best gamma on dev and the
     tuned `viasd` by default; a table, JSON and a plot, reports/bench/<pair>-<task>-sweep-batch.*"""
     from .batch import BATCH_METHODS, batch_markdown, batch_plot, run_batch_benchmark
 
-    pair, models = load_bench_models(params, pair_name, device, dtype)
+    pair, models = load_bench_models(params, pair_name, device, dtype, draft_layers)
     engine = engine_options(params, engine)
     gamma, source = bench_gamma(params, pair.name, task, gamma)
     max_new = max_new_tokens or params.max_new_tokens(task)

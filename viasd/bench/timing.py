@@ -48,6 +48,10 @@ VIASD_VARIANTS = ("viasd-oracle", "viasd-oracle_budget", "viasd-rules")
 # the methods again with the feature drafter (EAGLE-3-style, on the target's trunk) in the draft model's place
 FEATURE = "-drafter_feature"
 FEATURE_VARIANTS = ("sd" + FEATURE, "viasd" + FEATURE)
+# and with the self-drafter (`bench --draft-layers`: the target's leading layers draft; VIA-SD's slim, deeper, is the
+# middle tier) with the draft model's tuned thresholds: no search has tuned them for this drafter
+SELF = "-drafter_self"
+SELF_VARIANTS = ("sd" + SELF, "viasd" + SELF)
 # transformers' own: greedy generate, assisted generation with the draft (its heuristic schedule, and a fixed
 # `gamma` tokens per round), and its self-speculation (`assistant_early_exit`: the target's first layers draft)
 HF = ("hf_ar", "hf_assisted", "hf_assisted_fixed", "hf_assisted_heuristic", "hf_early_exit")
@@ -182,6 +186,18 @@ def method_table(models: ModelSet, names: list[str], gamma: int, max_new_tokens:
     the settings of `VIASD_VARIANTS`, e.g. the rules' own tuned thresholds; `oracle_budget`: the budgeted
     oracle's, `1 - ` the fidelity floor; `baselines`: a lossless baseline's own settings over `gamma`, e.g.
     self_sd's and cascade_sd's best on dev), and HF's."""
+    out = _methods(models, names, gamma, max_new_tokens, viasd, spec_cascade, engine, variants, oracle_budget, baselines)
+    if any(m.name not in DRAFTLESS and (m.policy is None or m.policy.drafter == "model") for m in out) \
+            and models.draft is None:
+        raise BenchError("the speculative methods but self_sd and the -drafter_ ones need a draft model")
+    return out
+
+
+def _methods(models: ModelSet, names: list[str], gamma: int, max_new_tokens: int, viasd: dict | None = None,
+             spec_cascade: dict | None = None, engine: dict | None = None,
+             variants: dict[str, dict] | None = None, oracle_budget: float | None = None,
+             baselines: dict[str, dict] | None = None) -> list[BenchMethod]:
+    """The policies of `method_table`, before its check that a draft model is there for those that need one."""
     base = DecodePolicy(method="ar", gamma=gamma, max_new_tokens=max_new_tokens, eos_token_ids=(), exact_timing=True,
                         **(engine or {}))
     out = []
@@ -189,11 +205,17 @@ def method_table(models: ModelSet, names: list[str], gamma: int, max_new_tokens:
         if name in FEATURE_VARIANTS:
             if models.feature_drafter is None:
                 raise BenchError(f"{name} drafts with the pair's feature drafter: train it first (`viasd train-drafter`)")
-            (own,) = method_table(models, [name[: -len(FEATURE)]], gamma, max_new_tokens, viasd, spec_cascade, engine,
-                                  variants, oracle_budget, baselines)
+            (own,) = _methods(models, [name[: -len(FEATURE)]], gamma, max_new_tokens, viasd, spec_cascade, engine,
+                              variants, oracle_budget, baselines)
             # VIA-SD on the feature drafter with the thresholds of its own search where it ran (`variants`)
             settings = (variants or {}).get(name, {})
             out.append(BenchMethod(name, replace(own.policy, drafter="feature", **settings)))
+        elif name in SELF_VARIANTS:
+            if models.self_drafter is None:
+                raise BenchError(f"{name} drafts with the target's own layers: name them (--draft-layers 0,1)")
+            (own,) = _methods(models, [name[: -len(SELF)]], gamma, max_new_tokens, viasd, spec_cascade, engine,
+                              variants, oracle_budget, baselines)
+            out.append(BenchMethod(name, replace(own.policy, drafter="self")))
         elif name == "hf_ar":
             out.append(BenchMethod(name))
         elif name in ASSISTED:
@@ -218,9 +240,7 @@ def method_table(models: ModelSet, names: list[str], gamma: int, max_new_tokens:
             out.append(BenchMethod(name, replace(base, method=name, **(baselines or {}).get(name, {}))))
         else:
             raise BenchError(f"unknown benchmark method {name!r}; choose from "
-                             f"{', '.join(METHODS + VIASD_VARIANTS + FEATURE_VARIANTS + HF)}")
-    if any(m.name not in DRAFTLESS for m in out) and models.draft is None:
-        raise BenchError("the speculative methods but self_sd need a draft model")
+                             f"{', '.join(METHODS + VIASD_VARIANTS + FEATURE_VARIANTS + SELF_VARIANTS + HF)}")
     if any(m.name in ("cascade_sd", "self_sd", "viasd", *VIASD_VARIANTS) for m in out) and not models.slims:
         raise BenchError("cascade_sd, self_sd and viasd need a slim verifier (a routing mask)")
     return out
@@ -380,7 +400,8 @@ INTERVAL_PAIRS = (("viasd", "sd"), ("sd", "ar"), ("viasd", "ar"), ("viasd-oracle
                   ("self_sd", "sd"), ("self_sd", "hf_early_exit"), ("self_sd", "ar"),
                   ("sd", "hf_assisted"), ("sd", "hf_assisted_fixed"), ("sd", "hf_assisted_heuristic"),
                   ("sd-drafter_feature", "sd"), ("viasd-drafter_feature", "sd-drafter_feature"),
-                  ("viasd-drafter_feature", "sd"))
+                  ("viasd-drafter_feature", "sd"), ("sd-drafter_self", "sd"),
+                  ("viasd-drafter_self", "sd-drafter_self"), ("viasd-drafter_self", "sd"))
 
 
 def interval_ratios(per_prompt: dict[str, list[list[float]]], groups: list | None) -> dict:

@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 
 
 def add_bench(sub) -> None:
-    from ..bench.timing import FEATURE_VARIANTS, HF, VIASD_VARIANTS
+    from ..bench.timing import FEATURE_VARIANTS, HF, SELF_VARIANTS, VIASD_VARIANTS
     from ..decoding.policy import METHODS
 
     p = stage_parser(sub, "bench", "speed side by side: our methods vs transformers generate / assisted generation",
@@ -27,8 +27,12 @@ def add_bench(sub) -> None:
     p.add_argument("--gamma", type=int, help="draft block length of sd, cascade_sd and spec_cascade (default: SD's best "
                    "gamma on dev, from the threshold search; decode.sd_gamma when it is a number)")
     p.add_argument("--methods", help="comma-separated (default: all; a sweep: hf_ar,ar,sd,viasd), from: "
-                   + ", ".join(HF + METHODS + VIASD_VARIANTS + FEATURE_VARIANTS) + " (the last two draft with the "
-                   "family's feature drafter, `viasd train-drafter`)")
+                   + ", ".join(HF + METHODS + VIASD_VARIANTS + FEATURE_VARIANTS + SELF_VARIANTS) + " (the "
+                   "-drafter_feature ones draft with the family's feature drafter, `viasd train-drafter`; the "
+                   "-drafter_self ones with the target's --draft-layers)")
+    p.add_argument("--draft-layers", metavar="0,1",
+                   help="the target's layers that draft for the -drafter_self methods (self-speculation; under viasd the "
+                        "pair's slim, deeper, is the middle tier)")
     p.add_argument("--cache", choices=CACHE_KINDS,
                    help="KV cache of our methods (default: decode.cache): inplace (written in place, attention over "
                         "the filled prefix), dynamic (transformers' DynamicCache) or static (transformers' StaticCache)")
@@ -77,7 +81,7 @@ def _bench(args) -> int:
         return _batch(args, params, pair.name, chosen, engine)
     if args.sweep == "frontier":
         out = run_sweep(params, pair.name, args.task, "frontier", [], args.prompts, args.max_new_tokens, args.repeats,
-                        args.gamma, args.device, args.dtype, engine=engine)
+                        args.gamma, args.device, args.dtype, engine=engine, draft_layers=args.draft_layers)
         for point in out["points"]:
             print(json.dumps({k: point.get(k) for k in ("name", "tokens_per_second", "fidelity", "task_score",
                                                         "task_drop")}))
@@ -93,13 +97,14 @@ def _bench(args) -> int:
             raise ViasdError(f"--sweep {args.sweep}: give values, e.g. {kind or 'gamma'}=1,2,4")
         out = run_sweep(params, pair.name, args.task, kind, numbers, args.prompts, args.max_new_tokens, args.repeats,
                         args.gamma, args.device, args.dtype, chosen,
-                        engine=engine)
+                        engine=engine, draft_layers=args.draft_layers)
         for point in out["points"]:
             print(json.dumps(point))
         print(out["files"]["json"])
         return 0
     result = run_bench_stage(params, pair.name, args.task, chosen or default_methods(params), args.prompts,
-                             args.max_new_tokens, args.repeats, args.gamma, args.device, args.dtype, engine=engine)
+                             args.max_new_tokens, args.repeats, args.gamma, args.device, args.dtype, engine=engine,
+                             draft_layers=args.draft_layers)
     for name, row in result["methods"].items():
         tps = row["tokens_per_second"]
         print(f"{name:18s} {tps['median']:8.1f} tok/s  (min {tps['min']:.1f}, max {tps['max']:.1f})  "
@@ -128,7 +133,7 @@ def _batch(args, params, pair: str, methods, engine) -> int:
     if not sizes or min(sizes) < 1:
         raise ViasdError(f"--batch {args.batch}: give batch sizes of at least 1, e.g. 1,2,4,8")
     out = run_batch_sweep(params, pair, args.task, sizes, args.prompts, args.max_new_tokens, args.repeats, args.gamma,
-                          args.device, args.dtype, methods, engine=engine)
+                          args.device, args.dtype, methods, engine=engine, draft_layers=args.draft_layers)
     for row in out["rows"]:
         print(json.dumps({"batch": row["batch"],
                           **{n: round(m["tokens_per_second"], 1) for n, m in row["methods"].items()},
