@@ -45,6 +45,11 @@ def test_the_callable_with_tiers_off_is_greedy_generate(pair):
         out = target.generate(ids, custom_generate=viasd.hf.generate, draft_model=drafter, viasd_policy=policy,
                               slim_layers=slim, max_new_tokens=16, do_sample=False)
         assert torch.equal(out, expected), policy.method
+    # self-speculation under SD and under VIA-SD: the model's first layer drafts, a deeper slim is the middle tier
+    for policy in (None, OFF):
+        out = target.generate(ids, custom_generate=viasd.hf.generate, draft_layers=[0], viasd_policy=policy,
+                              slim_layers=[0, 1, 2], max_new_tokens=16, do_sample=False)
+        assert torch.equal(out, expected), policy
     # the slim tiers on: lossy, but the same shape and each row's statistics on the dictionary output
     on = DecodePolicy(method="viasd", gamma=3, tau_accept=0.5, tau_slim=0.3)
     out = target.generate(ids, custom_generate=viasd.hf.generate, draft_model=draft, viasd_policy=on, slim_layers=[0, 1],

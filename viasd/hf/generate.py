@@ -68,14 +68,17 @@ class ViasdGenerateOutput(GenerateDecoderOnlyOutput):
 
 def generate(model, input_ids: torch.Tensor | None = None, logits_processor=None, stopping_criteria=None,
              generation_config=None, *, draft_model=None, viasd_policy: DecodePolicy | None = None,
-             slim_layers: Sequence[int] | None = None, viasd_router=None, viasd_study: str | Path | None = None,
+             slim_layers: Sequence[int] | None = None, draft_layers: Sequence[int] | None = None, viasd_router=None,
+             viasd_study: str | Path | None = None,
              task: str | None = None, run: str = "viasd", viasd_batch_size: int | None = None, inputs=None,
              assistant_model=None, streamer=None, tokenizer=None, **kwargs):
     """Decode `input_ids` ([batch, prompt], left-padded with `attention_mask`) with VIA-SD or a baseline in place of
     transformers' decoding loop (see the module's docstring for the two ways in). `draft_model` (or
     `assistant_model`): the draft; `viasd_policy`: the `DecodePolicy` (method, block length, tiers); `slim_layers`:
-    the slim verifier's kept layers of `model`; `viasd_router`: a fitted `LearnedRouter` or its file; `viasd_study`,
-    `task`, `run`: take the policy, slim, router (and draft) of a finished study's run instead. Returns
+    the slim verifier's kept layers of `model`; `draft_layers`: instead of a draft, the layers of `model` that draft
+    (self-speculation under any method, `drafter: self`; under viasd the slim must keep more); `viasd_router`: a
+    fitted `LearnedRouter` or its file; `viasd_study`, `task`, `run`: take the policy, slim, router (and draft) of a
+    finished study's run instead. Returns
     `generate`'s output: token ids [batch, prompt + new], or with `return_dict_in_generate` a
     `ViasdGenerateOutput`."""
     config = _generation_config(model, generation_config, kwargs)
@@ -85,8 +88,15 @@ def generate(model, input_ids: torch.Tensor | None = None, logits_processor=None
     mask = kwargs.get("attention_mask")
     prompts = _prompts(ids, mask)
     _check_unsupported(config, logits_processor, stopping_criteria, kwargs)
-    models, policy = _models_and_policy(model, draft_model if draft_model is not None else assistant_model,
-                                        viasd_policy, slim_layers, viasd_router, viasd_study, task, run, tokenizer)
+    draft = draft_model if draft_model is not None else assistant_model
+    if draft_layers is not None and (draft is not None or viasd_study is not None):
+        raise PolicyError("draft_layers (the model's own layers draft) takes the place of a draft model and of a "
+                          "study's run: give one of them")
+    models, policy = _models_and_policy(model, draft, viasd_policy, slim_layers, viasd_router, viasd_study, task, run,
+                                        tokenizer)
+    if draft_layers is not None:
+        models.set_self_drafter(list(draft_layers))
+        policy = replace(policy if viasd_policy is not None else DecodePolicy(method="sd"), drafter="self")
     seq2seq = bool(getattr(model.config, "is_encoder_decoder", False))
     policy = _with_generation_config(policy, config, None if seq2seq else ids.shape[1], tokenizer)
     if streamer is not None and len(prompts) > 1:
