@@ -379,13 +379,15 @@ def _text_draft(policy: DecodePolicy, method, draft: nn.Module | None, draft_tok
 
 
 def decode(prompt_ids: Sequence[int], policy: DecodePolicy, target: nn.Module, vocab_size: int,
-           draft: nn.Module | None = None, slims: Sequence[SlimVerifier | IndependentVerifier] = (), tokenizer=None,
-           eos_token_ids: Sequence[int] = (), router=None, router_rows=None, draft_tokenizer=None,
+           draft: nn.Module | SlimVerifier | None = None, slims: Sequence[SlimVerifier | IndependentVerifier] = (),
+           tokenizer=None, eos_token_ids: Sequence[int] = (), router=None, router_rows=None, draft_tokenizer=None,
            oracle_reference: Sequence[int] | None = None,
            on_tokens: Callable[[list[int]], None] | None = None) -> DecodeResult:
     """Decode `prompt_ids` with `policy.method`: `(models, prompt, policy) -> (tokens, stats)`. Pure:
     no files, no tracking. Greedy results are deterministic; sampled ones are fixed by `policy.seed`.
 
+    `draft`: the draft model, a `FeatureDrafter` on the target's trunk, or a `SlimVerifier` of the target (a
+    self-drafter: the target's own shallower routing, drafting with a cache of its own).
     `router`: the fitted router of `policy.router == "learned"`. `router_rows`: with the oracle router,
     every block's router features and oracle labels are appended to it (the router's training data).
     `draft_tokenizer`: the draft's own tokenizer when it is not the target's (`tokenizer`): its proposals
