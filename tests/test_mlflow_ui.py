@@ -92,8 +92,9 @@ def test_the_mlflow_ui_compares_the_study_runs_from_the_experiment_page(tmp_path
         for run, (speed, fidelity, drop, rejection) in figures.items()}}}
     # what `viasd report` does after the study
     assert mlflow_view.publish_comparison(tmp_path, "viasd-smoke", "smoke", headline, report) == 2
-    # the link `viasd tracking-init` prints (at every Snakemake start) is the view's, once a report made it
-    assert "#/experiments/1/runs?viewStateShareKey=viasd-compare" in tracking.init_store(tmp_path, "viasd-smoke")
+    # the view's link, which `viasd tracking-init` prints at every Snakemake start once a report has made it
+    assert mlflow_view.compare_view_page(tmp_path, "viasd-smoke") == \
+        "http://127.0.0.1:5000/#/experiments/1/runs?viewStateShareKey=viasd-compare&workflowType=machine_learning"
     port = _free_port()
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
                                tracking.tracking_uri(tmp_path), "--host", "127.0.0.1", "--port", str(port),

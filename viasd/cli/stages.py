@@ -378,5 +378,10 @@ def _tracking_init(args) -> int:
     elif args.start_parent:
         print(open_run(root, experiment(params), args.start_parent, {"stage": "study"}) or "")
     else:
+        from ..study.mlflow_view import compare_view_page
+
         print(init_store(root, experiment(params)))
+        view = compare_view_page(root, experiment(params))
+        if view:  # a report compared the runs: its saved view
+            print(f"the report's comparison of the runs, in `mlflow ui`: {view}")
     return 0

@@ -120,6 +120,16 @@ def save_compare_view(client, experiment_id: str, report_run_id: str, headline: 
     return marked
 
 
+def compare_view_page(root, experiment: str, server: str = "http://127.0.0.1:5000") -> str | None:
+    """The saved view's page on an `mlflow ui` at `server`, once a report has written it (else None)."""
+    from .tracking import experiment_client
+
+    client, exp_id = experiment_client(root, experiment)
+    if VIEW_TAG_PREFIX + VIEW_ID not in client.get_experiment(exp_id).tags:
+        return None
+    return f"{server}/{view_link(exp_id)}"
+
+
 def publish_comparison(root, experiment: str, study: str, headline: dict, report_run_id: str) -> int:
     """What the report leaves in the MLflow UI: the saved view of the compared runs and the experiment's description
     (`report.overview`: the headline, every run's figures, each task's frontier plot from the report's run, links to

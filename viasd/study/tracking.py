@@ -105,15 +105,10 @@ def init_store(root: Path, experiment: str) -> str:
     """Create the store's schema and the study's experiment once, before parallel jobs log to it."""
     from mlflow.tracking import MlflowClient
 
-    from .mlflow_view import VIEW_ID, VIEW_TAG_PREFIX, view_link
-
     client = MlflowClient(tracking_uri(root))
     found = client.get_experiment_by_name(experiment)
     exp_id = found.experiment_id if found else _create_experiment(client, experiment)
-    page = ui_page(exp_id)
-    if found and VIEW_TAG_PREFIX + VIEW_ID in found.tags:  # a report compared the runs: its view
-        page = f"{page.split('#')[0]}{view_link(exp_id)}"
-    return f"{tracking_uri(root)} experiment {experiment} ({exp_id}); in `mlflow ui`: {page}"
+    return f"{tracking_uri(root)} experiment {experiment} ({exp_id}); in `mlflow ui`: {ui_page(exp_id)}"
 
 
 def ui_page(experiment_id: str, server: str = "http://127.0.0.1:5000") -> str:
