@@ -378,10 +378,16 @@ def _tracking_init(args) -> int:
     elif args.start_parent:
         print(open_run(root, experiment(params), args.start_parent, {"stage": "study"}) or "")
     else:
+        import logging
+
         from ..study.mlflow_view import compare_view_page
 
         print(init_store(root, experiment(params)))
-        view = compare_view_page(root, experiment(params))
+        try:
+            view = compare_view_page(root, experiment(params))
+        except Exception as err:  # noqa: BLE001 - a convenience link: tracking failures only warn
+            logging.getLogger(__name__).warning("the saved view of the runs was not looked up: %s", err)
+            view = None
         if view:  # a report compared the runs: its saved view
             print(f"the report's comparison of the runs, in `mlflow ui`: {view}")
     return 0
