@@ -122,7 +122,6 @@ def _with_self_drafter(models, draft_layers, slim_layers):
     `slim_layers` (shared weights, nothing copied)."""
     L = models.target.config.num_hidden_layers
     view = models.with_slims([SlimVerifier(models.target, RoutingMask.from_layers(slim_layers, L))])
-    view.self_drafter = None
     view.set_self_drafter(draft_layers)
     return view
 
@@ -173,8 +172,7 @@ def test_the_self_drafter_needs_a_deeper_slim_and_no_draft_model(model_sets, tok
     with pytest.raises(PolicyError, match="must keep more layers than the drafter"):
         view.generate(PROMPTS[0], DecodePolicy(method="viasd", gamma=3, tau_accept=0.5, tau_slim=0.3, drafter="self",
                                                max_new_tokens=4))
-    bare = model_sets("llama").with_slims([])
-    bare.self_drafter = None
+    bare = model_sets("llama").with_slims([])  # no self-drafter set
     with pytest.raises(PolicyError, match="drafter: self needs"):
         bare.generate(PROMPTS[0], DecodePolicy(method="sd", gamma=3, drafter="self", max_new_tokens=4))
     # from the command line: no --draft, the target's own layer drafts; sd's tokens are ar's

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 
-from viasd.study import tracking
+from viasd.study import pending_runs, tracking
 
 
 def _git(cwd, *args):
@@ -93,7 +93,7 @@ def test_a_run_the_store_cannot_take_is_kept_and_delivered_once(tmp_path, monkey
     record = StageRecord("decode", "decode/smoke/stdlib_continuation/sd", {"gamma": 4}, {"speedup_vs_ar": 1.4},
                          {"run": "sd"}, children=[{"name": "trial/0", "params": {"a": 1}, "metrics": {"m": 2.0}}])
     track(args, params, record)  # the server is down
-    pending = list((tmp_path / tracking.PENDING).glob("*.json"))
+    pending = list((tmp_path / pending_runs.PENDING).glob("*.json"))
     assert len(pending) == 1
     store = tmp_path / "server"
     store.mkdir()
@@ -123,7 +123,7 @@ def test_a_run_the_store_cannot_take_is_kept_and_delivered_once(tmp_path, monkey
     finally:
         stop(server)
     track(args, params, StageRecord("decode", "decode/smoke/stdlib_continuation/ar", {}, {"speedup_vs_ar": 1.0}))
-    assert len(list((tmp_path / tracking.PENDING).glob("*.json"))) == 1
+    assert len(list((tmp_path / pending_runs.PENDING).glob("*.json"))) == 1
     server = start_server()
     try:
         assert main(["tracking-init", "--params", str(path)]) == 0
@@ -131,7 +131,7 @@ def test_a_run_the_store_cannot_take_is_kept_and_delivered_once(tmp_path, monkey
         runs = client.search_runs([client.get_experiment_by_name("viasd-smoke").experiment_id])
     finally:
         stop(server)
-    assert not list((tmp_path / tracking.PENDING).glob("*.json"))
+    assert not list((tmp_path / pending_runs.PENDING).glob("*.json"))
     stage = [r for r in runs if r.info.run_name == "decode/smoke/stdlib_continuation/sd"]
     trials = [r for r in runs if r.info.run_name == "trial/0"]
     assert len(stage) == 1 and stage[0].info.status == "FINISHED" and stage[0].data.metrics["speedup_vs_ar"] == 1.4

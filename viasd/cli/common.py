@@ -31,7 +31,8 @@ def track(args, params, record) -> str | None:
     stage that found its outputs up to date records nothing: its open run is discarded."""
     if args.no_track:
         return None
-    from ..study.tracking import discard_run, input_hashes, record_children, record_run, spool_run, tracking_uri
+    from ..study.pending_runs import spool_run
+    from ..study.tracking import discard_run, input_hashes, record_children, record_run, tracking_uri
 
     root = args.params.resolve().parent
     run_id, args.run_id = getattr(args, "run_id", None), None  # completed (or discarded) here, once
@@ -61,7 +62,8 @@ def open_stage_run(args) -> None:
     args.run_id = None
     if getattr(args, "no_track", True) or args.command in ("tracking-init", "resolve-params"):
         return
-    from ..study.tracking import PARENT_ENV, deliver_pending, dvc_invocation, dvc_parent_run, open_run
+    from ..study.pending_runs import deliver_pending
+    from ..study.tracking import PARENT_ENV, dvc_invocation, dvc_parent_run, open_run
 
     try:
         params = load_params(args)

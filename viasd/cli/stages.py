@@ -366,7 +366,8 @@ def add_tracking_init(sub) -> None:
 
 
 def _tracking_init(args) -> int:
-    from ..study.tracking import close_run, deliver_pending, init_store, open_run
+    from ..study.pending_runs import deliver_pending
+    from ..study.tracking import close_run, init_store, open_run
 
     params = load_params(args)
     if args.no_track:

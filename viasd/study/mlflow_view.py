@@ -82,27 +82,23 @@ def view_link(experiment_id: str, chart: bool = False) -> str:
     return f"#/experiments/{experiment_id}/runs?viewStateShareKey={VIEW_ID}&workflowType=machine_learning{mode}"
 
 
-def _quote(value: str) -> str:
-    return "'" + str(value).replace("'", "\\'") + "'"
-
-
 def mark_compared_runs(client, experiment_id: str, report_run_id: str, headline: dict) -> int:
     """Tag the newest finished evaluate run of every cell of `headline` (pair -> task -> run -> figures, the
     report's `metrics.json`) as compared in `report_run_id` and log its speed over SD at its best γ; returns how
     many runs it marked."""
     from mlflow.entities import Metric
 
+    newest = {}  # (pair, task, run) -> the newest finished evaluate run (one search over the store)
+    for r in client.search_runs([experiment_id], "tags.stage = 'evaluate' and attributes.status = 'FINISHED'",
+                                max_results=50000, order_by=["attributes.start_time DESC"]):
+        newest.setdefault((r.data.tags.get("pair"), r.data.tags.get("task"), r.data.tags.get("run")), r.info.run_id)
     marked = 0
     for pair, tasks in headline.items():
         for task, runs in tasks.items():
             for name, figures in runs.items():
-                found = client.search_runs(
-                    [experiment_id], f"tags.stage = 'evaluate' and tags.pair = {_quote(pair)} and "
-                    f"tags.task = {_quote(task)} and tags.run = {_quote(name)} and attributes.status = 'FINISHED'",
-                    max_results=1, order_by=["attributes.start_time DESC"])
-                if not found:
+                run_id = newest.get((pair, task, name))
+                if run_id is None:
                     continue
-                run_id = found[0].info.run_id
                 now = int(time.time() * 1000)
                 vs_sd = figures.get("vs_sd_best") or {}
                 client.log_batch(run_id, metrics=[Metric(f"{VS_SD}.{k}", float(vs_sd[k]), now, 0)

@@ -152,7 +152,7 @@ def _numeric(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
-def _retrying(fn, what: str, attempts: int = 5):
+def retrying(fn, what: str, attempts: int = 5):
     """`fn()`, retried on a locked SQLite store; None (and a warning) when tracking fails."""
     for attempt in range(attempts):
         try:
@@ -179,15 +179,15 @@ def record_run(root: Path, experiment: str, run_name: str, params: dict, metrics
         if run_id is None:
             return None
     if datasets:
-        _retrying(lambda: log_datasets(root, run_id, datasets), "log the run's datasets", attempts)
-    if _retrying(lambda: _record(root, run_id, run_name, params, metrics, tags, artifacts, series or {}),
+        retrying(lambda: log_datasets(root, run_id, datasets), "log the run's datasets", attempts)
+    if retrying(lambda: record_into(root, run_id, run_name, params, metrics, tags, artifacts, series or {}),
                  "record the run", attempts):
         return run_id
     close_run(root, run_id, "FAILED", "tracking failed; the stage's results are in its output files")
     return None
 
 
-def _run_tags(root: Path, run_name: str, tags: dict, nested: bool = True) -> dict:
+def run_tags(root: Path, run_name: str, tags: dict, nested: bool = True) -> dict:
     all_tags = {"mlflow.runName": run_name, **source_tags(root, f"viasd {run_name.split('/')[0]}"), **tags}
     parent = os.environ.get(PARENT_ENV)
     if parent and nested:
@@ -229,7 +229,7 @@ def dvc_parent_run(root: Path, experiment: str, invocation: str) -> str | None:
         client.update_run(found[0].info.run_id, "RUNNING")
         return found[0].info.run_id
 
-    run_id = _retrying(find, "find the DVC invocation's parent run")
+    run_id = retrying(find, "find the DVC invocation's parent run")
     if run_id is None:
         run_id = open_run(root, experiment, "study/dvc", {"stage": "study", "viasd.dvc_invocation": invocation},
                           nested=False)
@@ -251,12 +251,12 @@ def open_run(root: Path, experiment: str, run_name: str, tags: dict | None = Non
         client = MlflowClient(tracking_uri(root))
         exp_id = _experiment_id(client, experiment)
         run_id = client.create_run(exp_id, run_name=run_name,
-                                   tags=_run_tags(root, run_name, {**owner_tags(), **(tags or {})}, nested)).info.run_id
+                                   tags=run_tags(root, run_name, {**owner_tags(), **(tags or {})}, nested)).info.run_id
         if nested:  # a stage's run (parents are opened by short-lived commands: their owner is never alive)
             end_abandoned(client, exp_id, run_name, run_id)
         return run_id
 
-    return _retrying(create, "open the run")
+    return retrying(create, "open the run")
 
 
 def end_abandoned(client, exp_id: str, run_name: str, successor: str) -> int:
@@ -318,21 +318,21 @@ def close_run(root: Path, run_id: str, status: str, error: str | None = None) ->
             client.set_tag(run_id, "error", error[:5000])
         client.set_terminated(run_id, status)
 
-    _retrying(close, "close the run")
+    retrying(close, "close the run")
 
 
 def discard_run(root: Path, run_id: str) -> None:
     """Delete an open run that recorded nothing (a stage that found its outputs up to date)."""
     from mlflow.tracking import MlflowClient
 
-    _retrying(lambda: MlflowClient(tracking_uri(root)).delete_run(run_id), "discard the run")
+    retrying(lambda: MlflowClient(tracking_uri(root)).delete_run(run_id), "discard the run")
 
 
 def log_live(root: Path, run_id: str, key: str, value: float, step: int) -> None:
     """One live metric point (e.g. the training loss while training runs); failures only warn."""
     from mlflow.tracking import MlflowClient
 
-    _retrying(lambda: MlflowClient(tracking_uri(root)).log_metric(run_id, key, float(value), step=step),
+    retrying(lambda: MlflowClient(tracking_uri(root)).log_metric(run_id, key, float(value), step=step),
               "log a metric", attempts=2)
 
 
@@ -348,14 +348,14 @@ def log_datasets(root: Path, run_id: str, datasets: dict) -> bool:
     if not present:
         return True
     mlflow.set_tracking_uri(tracking_uri(root))
-    with mlflow.start_run(run_id=run_id):  # resumed for its inputs; `_record` ends it
+    with mlflow.start_run(run_id=run_id):  # resumed for its inputs; `record_into` ends it
         for name, (path, context) in present.items():
             source = resolve_dataset_source(str(path.resolve()))
             mlflow.log_input(MetaDataset(source, name=name, digest=(dvc_md5(path) or "")[:8] or None), context=context)
     return True
 
 
-def _record(root, run_id, run_name, params, metrics, tags, artifacts, series) -> bool:
+def record_into(root, run_id, run_name, params, metrics, tags, artifacts, series) -> bool:
     """Name the open run `run_id` after the stage, log its parameters, metrics and artifacts, end it."""
     from mlflow.entities import Metric, Param, RunTag
     from mlflow.tracking import MlflowClient
@@ -384,7 +384,7 @@ def record_children(root: Path, experiment: str, parent_id: str, children: list[
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri(root))
-    exp_id = _retrying(lambda: _experiment_id(client, experiment), "find the experiment")
+    exp_id = retrying(lambda: _experiment_id(client, experiment), "find the experiment")
     if exp_id is None:
         return
     now = int(time.time() * 1000)
@@ -399,15 +399,16 @@ def record_children(root: Path, experiment: str, parent_id: str, children: list[
         return True
 
     for child in children:  # each child created once; a retry after a locked store logs into the same run
-        run_id = _retrying(partial(create, child["name"]), "record a trial")
+        run_id = retrying(partial(create, child["name"]), "record a trial")
         if run_id is None:
             return
         params = [Param(k, str(v)[:6000]) for k, v in sorted(_flatten(child.get("params", {})).items()) if v is not None]
         metrics = [Metric(k, float(v), now, 0) for k, v in _flatten(child.get("metrics", {})).items() if _numeric(v)]
-        _retrying(partial(log, run_id, params, metrics), "record a trial")
+        retrying(partial(log, run_id, params, metrics), "record a trial")
 
 
-# the MLflow UI (3.x) opens an experiment on what its kind says: traces for GenAI, runs for model development
+# the experiment's kind: MLflow UIs that read it (3.x before the GenAI / Model training switch) open it on its runs;
+# 3.17's UI takes the mode from the browser instead (study.mlflow_view)
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 
 
@@ -422,61 +423,3 @@ def _create_experiment(client, name: str) -> str:
         return client.create_experiment(name, artifact_location=location, tags=EXPERIMENT_TAGS)
     except Exception:  # created meanwhile by a parallel job
         return client.get_experiment_by_name(name).experiment_id
-
-
-PENDING = Path(".viasd") / "pending-runs"  # under the study's root: runs the store could not take yet
-
-
-def spool_run(root: Path, experiment: str, run_name: str, params: dict, metrics: dict, tags: dict,
-              artifacts: Iterable[Path] = (), series: dict | None = None, children: list[dict] | None = None,
-              run_id: str | None = None) -> Path:
-    """Keep a stage's run that the store could not take (a tracking server down, a store unreachable) in
-    `<root>/.viasd/pending-runs/`, with the tags it had now (source, parent run), until `deliver_pending`
-    records it: nothing is lost, and it is recorded once (into `run_id`, the run opened when the stage
-    started, if the store has it: no run is left RUNNING). Returns the file."""
-    import json
-    import uuid
-
-    from ..io import write_text
-
-    record = {"experiment": experiment, "run_name": run_name, "params": params, "metrics": metrics,
-              "tags": _run_tags(root, run_name, tags), "artifacts": [str(Path(a).resolve()) for a in artifacts],
-              "series": series or {}, "children": children or [], "store": tracking_uri(root), "run_id": run_id}
-    path = study_root(root) / PENDING / f"{time.time_ns()}-{uuid.uuid4().hex[:8]}.json"
-    write_text(path, json.dumps(record, default=str, sort_keys=True))
-    return path
-
-
-def deliver_pending(root: Path) -> int:
-    """Record the runs `spool_run` kept, oldest first, each once (its file removed when it is recorded);
-    stops at the first the store still cannot take. Returns how many were delivered."""
-    import json
-
-    delivered = 0
-    for path in sorted((study_root(root) / PENDING).glob("*.json")):
-        record = json.loads(path.read_text())
-        run_id = record.get("run_id") if _exists(root, record.get("run_id")) else None
-        run_id = run_id or open_run(root, record["experiment"], record["run_name"], record["tags"], nested=False)
-        if run_id is None or not _retrying(lambda r=record, i=run_id: _record(
-                root, i, r["run_name"], r["params"], r["metrics"], r["tags"], r["artifacts"], r["series"]),
-                "record the run"):
-            return delivered
-        path.unlink()  # recorded: never again, even if its trials below fail to log
-        if record["children"]:
-            record_children(root, record["experiment"], run_id, record["children"])
-        delivered += 1
-        log.warning("delivered the pending MLflow run %s to %s", record["run_name"], tracking_uri(root))
-    return delivered
-
-
-def _exists(root: Path, run_id: str | None) -> bool:
-    """Whether the store has the run `run_id` (False when it cannot be asked)."""
-    from mlflow.tracking import MlflowClient
-
-    if not run_id:
-        return False
-    try:
-        MlflowClient(tracking_uri(root)).get_run(run_id)
-        return True
-    except Exception:  # noqa: BLE001 - not there, or the store unreachable: a new run is opened
-        return False
