@@ -123,3 +123,68 @@ def test_the_feature_drafter_axis_through_the_stages(study, tmp_path):
     assert summaries["sd-drafter_feature"]["fidelity"] == 1.0
     assert summaries["sd-drafter_feature"]["policy"]["drafter"] == "feature"
     assert summaries["viasd-drafter_feature"]["policy"]["drafter"] == "feature"
+
+
+def test_the_self_drafter_axis_through_the_stages(study, tmp_path):
+    """With `sd-drafter_self` and `viasd-drafter_self` in the grid (no training: the target's first
+    `models.self_drafter.layers` layers draft), the DIMR slim's search decodes SD with the self-drafter at every
+    gamma on dev (lossless) and names its fastest (`sd_drafter_self_best`); `viasd-drafter_self` gets a router
+    refitted on the self-drafter's blocks and a search of its own, the DIMR slim (deeper) as its middle tier; the
+    decode stage decodes both, `sd-drafter_self` with `ar`'s tokens; the bench takes the same settings."""
+    import shutil
+
+    from viasd.stages.decode import run_decode_stage
+    from viasd.study.cells import run_policy
+    from viasd.study.paths import router_paths
+    from viasd.study.slims import router_drafters, slims_to_tune
+
+    _, params = study
+    run_dimr_stage(params, progress=False)
+    run_router_stage(params, progress=False)
+    run_thresholds_stage(params, progress=False, slims=["rules", "main"])
+    models = tmp_path / "models"
+    shutil.copytree(params.models_dir, models)
+    runs = ["ar", "sd", "sd-drafter_self", "viasd", "viasd-drafter_self"]
+    grid = config.load(smoke_params(tmp_path, {"data": {"dir": str(params.data.dir)},
+                                               "models": {"dir": str(models), "self_drafter": {"layers": 1}},
+                                               "study": {"runs": runs, "reports": str(tmp_path / "reports")}}))
+    assert router_drafters(grid) == ["model", "self"] and "drafter_self" in slims_to_tune(grid)
+    routed = run_router_stage(grid, progress=False, drafter="self")
+    assert routed["drafter"] == "self" and router_paths(grid, "smoke", "self")["router"].exists()
+    results = run_thresholds_stage(grid, progress=False, slims=["main", "drafter_self"])
+    main, own = results["main"], results["drafter_self"]
+    assert own["signature"]["drafter"] == {"self_layers": 1} and own["signature"]["router"] != main["signature"]["router"]
+    assert own["oracle"] is not None  # the ceiling on this drafter
+    best = main["sd_drafter_self_best"]
+    assert best["gamma"] in grid.thresholds.search["gamma"] and best["fidelity"] == 1.0
+    assert main["signature"]["sd_drafter_self_best"] == {"self_layers": 1}
+    policy = run_policy(grid, "smoke", "stdlib_continuation", "sd-drafter_self")
+    assert (policy.method, policy.drafter, policy.gamma) == ("sd", "self", best["gamma"])
+    on_self = run_policy(grid, "smoke", "stdlib_continuation", "viasd-drafter_self")
+    assert on_self.drafter == "self" and on_self.gamma == own["gamma"]
+    summaries = {s["run"]: s for s in run_decode_stage(grid, "smoke", "stdlib_continuation", limit=2, progress=False)}
+    assert summaries["sd-drafter_self"]["fidelity"] == 1.0
+    assert summaries["sd-drafter_self"]["policy"]["drafter"] == "self"
+    assert summaries["viasd-drafter_self"]["policy"]["drafter"] == "self"
+    from viasd.bench.command import baseline_settings, load_bench_models
+
+    assert baseline_settings(grid, "smoke", "stdlib_continuation")["sd-drafter_self"] == {"gamma": best["gamma"]}
+    _, bench_models = load_bench_models(grid, "smoke", "cpu", "auto")
+    assert list(bench_models.self_drafter.mask.keep_layers) == [0] and bench_models.self_router is not None
+
+
+def test_a_self_drafter_as_deep_as_the_slim_is_one_clear_error(tmp_path):
+    """Under VIA-SD the DIMR slim is the middle tier between the self-drafter and the full model: a drafter that
+    keeps as many layers as the slim (the smoke target's 4 layers at keep_ratio 0.5: 2), or all of the target's,
+    is refused when params.yaml is read; `sd-drafter_self` needs only a drafter shallower than the target."""
+    with pytest.raises(config.ConfigError, match="the self-drafter drafts with 2 layers .* the DIMR slim keeps 2"):
+        config.load(smoke_params(tmp_path, {"models": {"self_drafter": {"layers": 2}},
+                                            "study": {"runs": ["ar", "viasd-drafter_self"]}}))
+    with pytest.raises(config.ConfigError, match="models.self_drafter.layers: 4 drafts with 4 of the target's 4"):
+        config.load(smoke_params(tmp_path, {"models": {"self_drafter": {"layers": 4}},
+                                            "study": {"runs": ["ar", "sd-drafter_self"]}}))
+    shared = config.load(smoke_params(tmp_path, {"models": {"self_drafter": {"layers": 0.25}},
+                                                 "study": {"runs": ["ar", "sd-drafter_self", "viasd-drafter_self"]}}))
+    assert shared.self_drafter.keep_layers(4) == [0] and shared.self_drafter.keep_layers(32) == [0, 1, 2, 3, 4, 5, 6, 7]
+    with pytest.raises(config.ConfigError, match="models.self_drafter.layers"):
+        config.load(smoke_params(tmp_path, {"models": {"self_drafter": {"layers": 1.5}}}))

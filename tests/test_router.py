@@ -212,6 +212,24 @@ def test_fit_recovers_a_known_logistic_model(tmp_path):
         load_router(tmp_path / "bad.json")
 
 
+def test_a_head_whose_labels_hold_one_class_is_their_smoothed_rate():
+    """A drafter the target agreed with on every training row (a self-drafter on a tiny model): no feature can
+    separate the draft-right labels, so that head gives every row the rate (k + 1) / (n + 2), a calibrated constant,
+    while the other head is fitted as usual."""
+    g = torch.Generator().manual_seed(0)
+    n = 600
+    features = torch.randn((n, len(FEATURES)), generator=g)
+    slim = (torch.rand(n, generator=g) < torch.sigmoid(2 * features[:, 0])).float()
+    rows = {"features": features, "hidden": torch.zeros((n, 0)), "draft_right": torch.ones(n), "slim_right": slim,
+            "group": torch.arange(n) // 20}
+    router = fit_router(rows, seed=1)
+    train = router.info["draft"]["train_rows"]
+    p_draft, p_slim = router.probabilities(features[:50])
+    assert torch.allclose(p_draft, torch.full_like(p_draft, (train + 1) / (train + 2)))
+    assert router.info["draft"]["auc"] is None and router.info["slim"]["auc"] > 0.8
+    assert p_slim.std() > 0.1
+
+
 def test_fit_chooses_the_probe_and_l2_on_validation_decodes():
     """`fit_router` with candidates: a probe of pure noise (many dimensions, few rows) is left out, a probe
     that carries the signal is kept; each head's L2 is one of the candidates, the choice is traced with its

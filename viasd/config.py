@@ -127,13 +127,32 @@ def _check_semantics(raw: dict, source: str) -> None:
                 if pair in hub and not hub[pair].get("independent"):
                     raise ConfigError(f"{source}: study.runs.{i}: {run!r} needs an independent model, and "
                                       f"models.hub_pairs.{pair}.independent is not set")
-        if spec.drafter != "model" and spec.drafter not in study.get("drafters", []):
+        if spec.drafter == "self" and models["family"] in study["pairs"]:
+            _check_self_drafter(raw, source, i, run, spec.method)
+        if spec.drafter not in ("model", "self") and spec.drafter not in study.get("drafters", []):
             raise ConfigError(f"{source}: study.runs.{i}: {run!r} drafts with the {spec.drafter} drafter: add "
                               f"{spec.drafter} to study.drafters (its training stage)")
         floor = ((raw.get("thresholds") or {}).get("quality") or {}).get("min_fidelity")
         if spec.ablation == "oracle_budget" and floor_budget(floor) is None:
             raise ConfigError(f"{source}: study.runs.{i}: {run!r} spends the fidelity budget down to "
                               f"thresholds.quality.min_fidelity, which is {floor}: set a floor below 1")
+
+
+def _check_self_drafter(raw: dict, source: str, i: int, run: str, method: str) -> None:
+    """The family's self-drafter (`models.self_drafter`) is shallower than its target and, where the DIMR slim is
+    the middle tier, than that slim (`dimr.keep_ratio` of the layers); hub pairs are checked when they load."""
+    models = raw["models"]
+    depth = models["families"][models["family"]]["target"]["layers"]
+    layers = (models.get("self_drafter") or {}).get("layers", SelfDrafterParams.layers)
+    try:
+        drafting = SelfDrafterParams(layers).keep_layers(depth)
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+    slim = round((raw.get("dimr") or {}).get("keep_ratio", 0.5) * depth)
+    if method in ("viasd", "cascade_sd", "spec_cascade") and len(drafting) >= slim:
+        raise ConfigError(f"{source}: study.runs.{i}: {run!r}: the self-drafter drafts with {len(drafting)} layers "
+                          f"(models.self_drafter.layers) and the DIMR slim keeps {slim} (dimr.keep_ratio): the slim "
+                          "is the middle tier, so it must keep more layers than the drafter")
 
 
 @dataclass(frozen=True)
@@ -179,6 +198,24 @@ class Family:
 
     def arch(self, role: str) -> ModelArch:
         return getattr(self, role)
+
+
+@dataclass(frozen=True)
+class SelfDrafterParams:
+    """`models.self_drafter` — the target's own first layers that draft for the runs with a `drafter_self`
+    ablation (self-speculation: no model of its own, no training): `layers` of them (an integer), or that share
+    of the target's decoder layers (a number in (0, 1), rounded, at least one), so that one setting serves pairs
+    of any depth. Under VIA-SD the DIMR slim is the middle tier, so it must keep more layers than this."""
+
+    layers: int | float = 2
+
+    def keep_layers(self, depth: int) -> list[int]:
+        """The drafting layers `0..n-1` of a target with `depth` decoder layers."""
+        n = self.layers if isinstance(self.layers, int) else max(1, round(self.layers * depth))
+        if n >= depth:
+            raise ConfigError(f"models.self_drafter.layers: {self.layers} drafts with {n} of the target's {depth} "
+                              "layers: a self-drafter must be shallower than the target")
+        return list(range(n))
 
 
 @dataclass(frozen=True)
@@ -344,6 +381,7 @@ class Params:
     dimr: DimrParams = field(default_factory=DimrParams)
     thresholds: ThresholdParams = field(default_factory=ThresholdParams)
     router: RouterParams = field(default_factory=RouterParams)
+    self_drafter: SelfDrafterParams = field(default_factory=SelfDrafterParams)
     raw: dict = field(repr=False, default_factory=dict)
 
     def search_heartbeat(self, workers: int) -> int | None:
@@ -409,6 +447,7 @@ def parse(raw: dict, root: Path = Path(".")) -> Params:
         dimr=_section(DimrParams, raw.get("dimr")),
         thresholds=_threshold_params(raw.get("thresholds") or {}),
         router=_section(RouterParams, raw.get("router")),
+        self_drafter=_section(SelfDrafterParams, models.get("self_drafter")),
         raw=raw,
     )
 

@@ -197,6 +197,7 @@ class ModelSet:
     feature_router: LearnedRouter | None = None  # the learned router refitted on the feature drafter's blocks
     # `drafter: self` policies: a shallower routing of the target that drafts (`set_self_drafter`)
     self_drafter: SlimVerifier | None = None
+    self_router: LearnedRouter | None = None  # the learned router refitted on the self-drafter's blocks
 
     def __post_init__(self):
         if self.draft is not None:
@@ -327,7 +328,8 @@ class ModelSet:
         return self.encode(prompt) if isinstance(prompt, str) else list(prompt)
 
     def _drafter(self, policy: DecodePolicy):
-        """The draft and router `policy` decodes with: the draft model's, or the feature drafter's."""
+        """The draft and router `policy` decodes with: the draft model's, the feature drafter's, or the self-drafter's
+        (each drafter's own router where one was fitted on its blocks, else `router`)."""
         draft, router = self.draft, self.router
         if policy.drafter == "feature":
             router = self.feature_router or router
@@ -336,6 +338,7 @@ class ModelSet:
                                   "ModelSet.feature_drafter, or load_models(feature_drafter=...))")
             draft = self.feature_drafter
         elif policy.drafter == "self":
+            router = self.self_router or router
             draft = self._self_drafter(policy)
         return draft, router
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from ..config import Params
+from ..config import ConfigError, Params
 from ..decoding.policy import METHODS
 from ..decoding.tier_router import floor_budget
 from ..io import write_json, write_text
@@ -32,7 +32,8 @@ def run_setting(models) -> dict:
 def load_bench_models(params: Params, pair_name: str | None, device: str, dtype: str, draft_layers: str | None = None):
     """The pair, with its DIMR mask as slim verifier when the search has run, its learned router when
     `viasd train-router` has fitted one, the family's feature drafter when `viasd train-drafter` has trained it, and
-    `draft_layers` ("0,1") of the target as the self-drafter of the `-drafter_self` methods."""
+    the target's first layers as the self-drafter of the `-drafter_self` methods: `draft_layers` ("0,1"), else
+    `models.self_drafter`'s (with the router `viasd train-router` refitted on its blocks, where it has)."""
     from ..models import load_models
     from ..training.tier_router import load_router
 
@@ -51,10 +52,20 @@ def load_bench_models(params: Params, pair_name: str | None, device: str, dtype:
         feature_router = router_paths(params, pair.name, "feature")["router"]
         if feature_router.exists():  # refitted on the feature drafter's blocks (a viasd-drafter_feature run)
             models.feature_router = load_router(feature_router)
-    if draft_layers:
-        from ..decoding.slim import RoutingMask, num_decoder_layers
+    from ..decoding.slim import RoutingMask, num_decoder_layers
 
-        models.set_self_drafter(RoutingMask.parse(draft_layers, num_decoder_layers(models.target)))
+    depth = num_decoder_layers(models.target)
+    if draft_layers:
+        models.set_self_drafter(RoutingMask.parse(draft_layers, depth))
+    else:  # the study's self-drafter, and its own router where one was fitted
+        try:
+            models.set_self_drafter(params.self_drafter.keep_layers(depth))
+        except ConfigError as err:  # too deep for this target: the -drafter_self methods then say so
+            log.info("no self-drafter: %s", err)
+            return pair, models
+        self_router = router_paths(params, pair.name, "self")["router"]
+        if self_router.exists():
+            models.self_router = load_router(self_router)
     return pair, models
 
 
@@ -96,9 +107,9 @@ def bench_gamma(params: Params, pair: str, task: str, gamma: int | None) -> tupl
 
 
 def baseline_settings(params: Params, pair: str, task: str) -> dict[str, dict]:
-    """self_sd's and cascade_sd's own best settings on dev, where the DIMR slim's threshold search measured them
-    (the study's grid has those runs): {method: DecodePolicy fields}. A baseline the search did not measure runs at
-    SD's best gamma, as `sd` (logged)."""
+    """self_sd's, cascade_sd's and SD's with another drafter (`sd-drafter_feature`, `sd-drafter_self`) own best
+    settings on dev, where the DIMR slim's threshold search measured them (the study's grid has those runs):
+    {method: DecodePolicy fields}. A baseline the search did not measure runs at SD's best gamma, as `sd` (logged)."""
     from ..study.cells import best_key, best_settings
     from ..study.slims import read_json
 
@@ -110,6 +121,9 @@ def baseline_settings(params: Params, pair: str, task: str) -> dict[str, dict]:
         else:
             log.info("%s runs at SD's best gamma: the threshold search did not measure its own (no %s run in "
                      "study.runs)", method, method)
+    for drafter in ("feature", "self"):
+        if best_key(params, "sd", drafter) in found:
+            out[f"sd-drafter_{drafter}"] = best_settings(params, pair, task, "sd", drafter)
     return out
 
 
@@ -150,15 +164,18 @@ def _prefix_slim(models) -> bool:
 
 def study_table(params: Params, pair: str, models, task: str, methods: list[str], gamma: int, source: str,
                 max_new: int, engine: dict) -> tuple[list[str], list, dict]:
-    """The benchmark methods with the study's settings: the tuned `viasd`, `viasd-rules` and `viasd-drafter_feature`
-    from their own searches (left out where a search did not run), the lossless baselines at their own best settings
-    on dev (where `sd` runs at its best gamma), `spec_cascade` as params.yaml sets it, the budgeted oracle at the
-    fidelity floor. Returns (the methods kept, `method_table`'s table, the baselines' own settings)."""
+    """The benchmark methods with the study's settings: the tuned `viasd`, `viasd-rules`, `viasd-drafter_feature` and
+    `viasd-drafter_self` (at `models.self_drafter`'s layers) from their own searches (left out where a search did not
+    run), the lossless baselines at their own best settings on dev (where `sd` runs at its best gamma), `spec_cascade`
+    as params.yaml sets it, the budgeted oracle at the fidelity floor. Returns (the methods kept, `method_table`'s
+    table, the baselines' own settings)."""
     rules = threshold_paths(params, task, pair, "rules")["json"]
     methods = [m for m in methods if m != "viasd-rules" or rules.exists()]  # the rules' own search, when it ran
     variants = {"viasd-rules": tuned_settings(params, pair, task, "rules", required=False)} if rules.exists() else {}
     if threshold_paths(params, task, pair, "drafter_feature")["json"].exists():  # its own search, when it ran
         variants["viasd-drafter_feature"] = tuned_settings(params, pair, task, "drafter_feature")
+    if threshold_paths(params, task, pair, "drafter_self")["json"].exists() and models.self_router is not None:
+        variants["viasd-drafter_self"] = tuned_settings(params, pair, task, "drafter_self")  # at its search's layers
     tuned = tuned_settings(params, pair, task, required=False)
     own = baseline_settings(params, pair, task) if source == "SD's best on dev" else {}
     table = method_table(models, methods, gamma, max_new, tuned, params.decode.spec_cascade(), engine, variants,

@@ -208,14 +208,16 @@ def _methods(models: ModelSet, names: list[str], gamma: int, max_new_tokens: int
             (own,) = _methods(models, [name[: -len(FEATURE)]], gamma, max_new_tokens, viasd, spec_cascade, engine,
                               variants, oracle_budget, baselines)
             # VIA-SD on the feature drafter with the thresholds of its own search where it ran (`variants`)
-            settings = (variants or {}).get(name, {})
+            settings = {**(baselines or {}).get(name, {}), **(variants or {}).get(name, {})}
             out.append(BenchMethod(name, replace(own.policy, drafter="feature", **settings)))
         elif name in SELF_VARIANTS:
             if models.self_drafter is None:
                 raise BenchError(f"{name} drafts with the target's own layers: name them (--draft-layers 0,1)")
             (own,) = _methods(models, [name[: -len(SELF)]], gamma, max_new_tokens, viasd, spec_cascade, engine,
                               variants, oracle_budget, baselines)
-            out.append(BenchMethod(name, replace(own.policy, drafter="self")))
+            # VIA-SD on it with its own search's thresholds, SD on it at its own best gamma, where they ran
+            settings = {**(baselines or {}).get(name, {}), **(variants or {}).get(name, {})}
+            out.append(BenchMethod(name, replace(own.policy, drafter="self", **settings)))
         elif name == "hf_ar":
             out.append(BenchMethod(name))
         elif name in ASSISTED:

@@ -29,9 +29,10 @@ def add_bench(sub) -> None:
     p.add_argument("--methods", help="comma-separated (default: all; a sweep: hf_ar,ar,sd,viasd), from: "
                    + ", ".join(HF + METHODS + VIASD_VARIANTS + FEATURE_VARIANTS + SELF_VARIANTS) + " (the "
                    "-drafter_feature ones draft with the family's feature drafter, `viasd train-drafter`; the "
-                   "-drafter_self ones with the target's --draft-layers)")
+                   "-drafter_self ones with the target's first layers, models.self_drafter or --draft-layers)")
     p.add_argument("--draft-layers", metavar="0,1",
-                   help="the target's layers that draft for the -drafter_self methods (self-speculation; under viasd the "
+                   help="the target's layers that draft for the -drafter_self methods instead of models.self_drafter's "
+                        "(then without the router and thresholds the study fitted for those; self-speculation; under viasd the "
                         "pair's slim, deeper, is the middle tier)")
     p.add_argument("--cache", choices=CACHE_KINDS,
                    help="KV cache of our methods (default: decode.cache): inplace (written in place, attention over "

@@ -153,9 +153,9 @@ def add_train_router(sub) -> None:
     p = stage_parser(sub, "train-router", "fit the learned router of the pair's DIMR slim on oracle decodes of the "
                      "calibration set", _train_router)
     add_pair(p)
-    p.add_argument("--drafter", choices=["model", "feature"], help="fit only the router of blocks this drafter "
-                   "drafts (default: the draft model's, and the feature drafter's when a viasd-drafter_feature run is "
-                   "in study.runs)")
+    p.add_argument("--drafter", choices=["model", "feature", "self"], help="fit only the router of blocks this "
+                   "drafter drafts (default: the draft model's, and the feature drafter's / the target's first layers' "
+                   "when a viasd-drafter_feature / viasd-drafter_self run is in study.runs)")
 
 
 def _train_router(args) -> int:

@@ -58,8 +58,13 @@ def claim_rows(task: str, evals: list[dict], dimr_seconds: float | None) -> list
                              f"({fmt(by_run[base]['rejection_rate'])} → {fmt(viasd['rejection_rate'])})", _quality(viasd))
     best = best_lossless(evals)
     if best is not None:
-        ratio = run_vs(best.get("speed"), viasd.get("speed"))
-        row("best_sd", f"{describe(ratio)} over `{best['run']}` (the fastest lossless SD here)", _quality(viasd))
+        # VIA-SD on the drafter of the fastest lossless SD (`viasd-drafter_self` over `sd-drafter_self`), and `viasd`
+        ablation = best["run"].partition("-")[2]
+        on = by_run.get(f"viasd-{ablation}") if ablation.startswith("drafter_") else None
+        for run in ([on] if on is not None else []) + [viasd]:
+            ratio = run_vs(best.get("speed"), run.get("speed"))
+            row("best_sd", f"{describe(ratio)}: `{run['run']}` over `{best['run']}` (the fastest lossless SD here)",
+                _quality(run))
     vs_ar = (viasd.get("speed") or {}).get("vs_ar")
     if vs_ar:
         row("greedy", describe(vs_ar), _quality(viasd))

@@ -209,15 +209,16 @@ def self_sd_points(dev: DevSet, cfg: ThresholdConfig) -> list[dict]:
     return points
 
 
-def feature_sd_points(dev: DevSet, cfg: ThresholdConfig) -> list[dict]:
-    """SD with the feature drafter (`drafter: feature`; the dev set's models carry it) at every searched gamma
-    on the dev split, so that a `sd-drafter_feature` run decodes at its own fastest gamma, as SD does with its
-    draft model. Lossless; ranked by measured wall time per token without the prefill, as `self_sd_points`."""
+def drafter_sd_points(dev: DevSet, cfg: ThresholdConfig, drafter: str) -> list[dict]:
+    """SD with another drafter than the draft model (`feature`: the feature drafter; `self`: the target's first
+    layers; the dev set's models carry it) at every searched gamma on the dev split, so that a `sd-drafter_<name>`
+    run decodes at its own fastest gamma, as SD does with its draft model. Lossless; ranked by measured wall time
+    per token without the prefill, as `self_sd_points`."""
     points = []
     for gamma in cfg.gamma:
-        policy = replace(dev.base, method="sd", gamma=gamma, drafter="feature")
+        policy = replace(dev.base, method="sd", gamma=gamma, drafter=drafter)
         points.append(_point(policy, dev.evaluate(policy, modelled=False), cfg, number=None, tiers_off=False,
-                             baseline="sd-drafter_feature"))
+                             baseline=f"sd-drafter_{drafter}"))
     return points
 
 

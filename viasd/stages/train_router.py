@@ -21,6 +21,7 @@ import torch
 from ..config import Params
 from ..decoding.policy import DecodePolicy
 from ..decoding.reuse import prefix_length
+from ..decoding.slim import num_decoder_layers
 from ..decoding.stats import DecodeStats
 from ..decoding.tier_router import RouterRows
 from ..search.calibration_set import load_calibration
@@ -52,7 +53,8 @@ def _router_cost(router, gamma: int, width: int, repeats: int = 2000) -> float:
 
 def run_router_stage(params: Params, pair_name: str | None = None, progress: bool = True,
                      drafter: str = "model") -> dict:
-    """Collect the rows (blocks `drafter` drafted: the draft model, or the feature drafter), fit, write the
+    """Collect the rows (blocks `drafter` drafted: the draft model, the feature drafter, or the target's first
+    layers), fit, write the
     router and its reliability plot; returns the stage's record."""
     from tqdm.auto import tqdm
 
@@ -64,9 +66,11 @@ def run_router_stage(params: Params, pair_name: str | None = None, progress: boo
     mask_path = mask_paths(params, pair.name)["mask"]
     keep = read_json(mask_path, "the routing mask")["keep_layers"]
     feature = drafter == "feature"
-    models = load_models(pair.target, draft=None if feature else pair.draft, masks=[mask_path], device=params.device,
-                         dtype=pair.dtype, trust_remote_code=pair.trust_remote_code,
+    models = load_models(pair.target, draft=pair.draft if drafter == "model" else None, masks=[mask_path],
+                         device=params.device, dtype=pair.dtype, trust_remote_code=pair.trust_remote_code,
                          feature_drafter=feature_drafter_dir(params, pair) if feature else None)
+    if drafter == "self":  # the target's own first layers draft (models.self_drafter)
+        models.set_self_drafter(params.self_drafter.keep_layers(num_decoder_layers(models.target)))
     windows = load_calibration(params.data.dir / "calibration.parquet")[: cfg["prompts"]]
     engine = engine_options(params)
     policy = DecodePolicy(method="viasd", router="oracle", gamma=cfg["gamma"], max_new_tokens=cfg["max_new_tokens"],

@@ -284,6 +284,8 @@ def search_signature(params: Params, pair: str, task: str, slim: str, cfg: Thres
         signature["batch"] = {"batch_size": params.thresholds.batch_size, "wall_prompts": params.thresholds.wall_prompts}
     if drafter_of(slim) == "feature":  # a retrained feature drafter is a new search
         signature["drafter"] = drafter_digest(params, params.pair(pair))
+    if drafter_of(slim) == "self":  # as is another depth of the self-drafter
+        signature["drafter"] = {"self_layers": params.self_drafter.layers}
     if router_file is not None:  # a refitted router is a new search
         signature["router"] = hashlib.sha256(router_file.read_bytes()).hexdigest() if router_file.exists() else None
     if slim == "main":  # the file then carries the lossless baselines' own best settings on dev too

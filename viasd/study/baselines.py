@@ -4,7 +4,8 @@ grid's runs decide), what they add to its signature, and the measuring itself.
 `sd` takes SD's cheapest gamma from the search's tiers-off points (`sd_best`); the others are decoded on the same
 dev prompts at each candidate setting and ranked by measured wall time per token without the prefill (the cost
 model has not priced their loops): `self_sd_best` (self-speculation's gamma), `cascade_sd_best` (cascade_sd's
-`gamma_slim` at SD's best gamma), `sd_drafter_feature_best` (SD's gamma with the feature drafter).
+`gamma_slim` at SD's best gamma), `sd_drafter_feature_best` (SD's gamma with the feature drafter),
+`sd_drafter_self_best` (SD's gamma with the target's first layers drafting, `models.self_drafter`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from .cells import takes_sd_best
 from .runs import parse_run
 from .slims import feature_drafter_dir
 
-BASELINE_BESTS = ("self_sd_best", "cascade_sd_best", "sd_drafter_feature_best")
+BASELINE_BESTS = ("self_sd_best", "cascade_sd_best", "sd_drafter_feature_best", "sd_drafter_self_best")
 BASELINE_KEYS = ("gamma", "decode_wall_per_token", "wall_per_token", "rejection_rate", "acceptance_rate", "fidelity")
 
 
@@ -43,13 +44,16 @@ def baseline_signature(params: Params, pair: Pair) -> dict:
         out["cascade_sd_best"] = True
     if wants_best(params, "sd", "feature"):
         out["sd_drafter_feature_best"] = drafter_digest(params, pair)
+    if wants_best(params, "sd", "self"):
+        out["sd_drafter_self_best"] = {"self_layers": params.self_drafter.layers}
     return out
 
 
 def baseline_bests(params: Params, pair: Pair, dev, cfg, signature: dict, sd_gamma: int) -> dict:
     """The baselines' best settings on the search's dev prompts (`dev`, a `DevSet`; `cfg` its `ThresholdConfig`),
     for those the signature asks for; `sd_gamma`: SD's best gamma (cascade_sd's inner hop runs at it)."""
-    from ..search.thresholds import cascade_sd_points, feature_sd_points, self_sd_points
+    from ..decoding.slim import num_decoder_layers
+    from ..search.thresholds import cascade_sd_points, drafter_sd_points, self_sd_points
 
     def fastest(points: list[dict], *extra: str) -> dict:
         best = min(points, key=lambda t: t["decode_wall_per_token"])
@@ -62,7 +66,10 @@ def baseline_bests(params: Params, pair: Pair, dev, cfg, signature: dict, sd_gam
         from ..decoding.feature_drafter import load_feature_drafter
 
         dev.models.feature_drafter = load_feature_drafter(feature_drafter_dir(params, pair), dev.models.target)
-        out["sd_drafter_feature_best"] = fastest(feature_sd_points(dev, cfg))
+        out["sd_drafter_feature_best"] = fastest(drafter_sd_points(dev, cfg, "feature"))
+    if "sd_drafter_self_best" in signature:
+        dev.models.set_self_drafter(params.self_drafter.keep_layers(num_decoder_layers(dev.models.target)))
+        out["sd_drafter_self_best"] = fastest(drafter_sd_points(dev, cfg, "self"))
     if signature.get("cascade_sd_best"):
         points = cascade_sd_points(dev, cfg, sd_gamma)
         out["cascade_sd_best"] = {**fastest(points, "gamma_slim"),

@@ -69,11 +69,12 @@ def run_inputs(params: Params, pair: str, task: str, run: str | RunSpec) -> dict
 
 def best_key(params: Params, method: str, drafter: str = "model") -> str:
     """Where the DIMR slim's thresholds file names a lossless baseline's best setting on dev: `self_sd_best`
-    (self-speculation's own gamma), `sd_drafter_feature_best` (SD's gamma with the feature drafter),
+    (self-speculation's own gamma), `sd_drafter_feature_best` / `sd_drafter_self_best` (SD's gamma with the
+    feature drafter / the target's first layers drafting),
     `cascade_sd_best` (cascade_sd's gamma_slim at SD's gamma, unless `decode.gamma_slim` fixes it), else
     `sd_best` (SD's gamma)."""
-    if method == "sd" and drafter == "feature":
-        return "sd_drafter_feature_best"
+    if method == "sd" and drafter in ("feature", "self"):
+        return f"sd_drafter_{drafter}_best"
     if method == "self_sd":
         return "self_sd_best"
     if method == "cascade_sd" and params.decode.gamma_slim is None:

@@ -126,7 +126,8 @@ def report_paths(params: Params) -> dict:
 
 def router_paths(params: Params, pair: str, drafter: str = "model") -> dict:
     """The learned router of the pair's DIMR slim (`viasd train-router`) and its reliability plot, fitted on blocks
-    the `drafter` drafted (`model`: the draft model's, `main.json`; `feature`: the feature drafter's)."""
+    the `drafter` drafted (`model`: the draft model's, `main.json`; `feature`: the feature drafter's; `self`: the
+    target's first layers')."""
     name = "main" if drafter == "model" else f"drafter_{drafter}"
     return {"router": params.models_dir / "routers" / pair / f"{name}.json",
             "plot": params.reports_dir / "router" / pair / ("reliability.png" if drafter == "model"

@@ -20,6 +20,9 @@ Ablations:
                                                     trunk; `viasd train-drafter`) drafts in the draft model's
                                                     place: `sd` at its own best gamma with it on dev, `viasd`
                                                     with its own router and threshold search
+  drafter_self                                      the target's own first layers (`models.self_drafter`) draft
+                                                    in the draft model's place (self-speculation), the DIMR slim
+                                                    is the deeper middle tier: as drafter_feature, no training
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ VIASD_ONLY = ("no_tier2", "rules", "oracle", "oracle_budget")  # ablations of VI
 SLIM_ABLATIONS = ("mask_random", "mask_truncate", "mask_every_other", "cost_path", "cost_target", "independent")
 DRAFTING = ("sd", "cascade_sd", "spec_cascade", "viasd")  # methods a drafter drafts for
 DRAFTER_FEATURE = "drafter_feature"
+DRAFTER_SELF = "drafter_self"
+DRAFTER_ABLATIONS = {DRAFTER_FEATURE: "feature", DRAFTER_SELF: "self"}
 _GAMMA = re.compile(r"gamma_([1-9][0-9]*)$")
 _PREFIX = re.compile(r"prefix_(0|[1-9][0-9]*)$")
 
@@ -70,8 +75,9 @@ class RunSpec:
 
     @property
     def drafter(self) -> str:
-        """Who drafts: `feature` (the feature drafter) or `model` (the draft model)."""
-        return "feature" if self.ablation == DRAFTER_FEATURE else "model"
+        """Who drafts: `feature` (the feature drafter), `self` (the target's first layers) or `model` (the draft
+        model)."""
+        return DRAFTER_ABLATIONS.get(self.ablation or "", "model")
 
     @property
     def gamma(self) -> int | None:
@@ -96,7 +102,7 @@ def parse_run(text: str) -> RunSpec:
             raise ValueError(f"{text!r}: {ablation} changes the slim verifier, which only "
                              f"{', '.join(ROUTED[:-1])} and {ROUTED[-1]} have")
         return spec
-    if ablation == DRAFTER_FEATURE:
+    if ablation in DRAFTER_ABLATIONS:
         if method not in DRAFTING:
             raise ValueError(f"{text!r}: {ablation} changes the drafter, which only {', '.join(DRAFTING)} have")
         return spec
@@ -105,4 +111,4 @@ def parse_run(text: str) -> RunSpec:
             raise ValueError(f"{text!r}: {ablation} is a VIA-SD ablation")
         return spec
     raise ValueError(f"{text!r}: unknown ablation {ablation!r}; ablations: {', '.join(SLIM_ABLATIONS)}, "
-                     f"{', '.join(VIASD_ONLY)}, {DRAFTER_FEATURE}, gamma_<n>, prefix_<n>")
+                     f"{', '.join(VIASD_ONLY)}, {', '.join(DRAFTER_ABLATIONS)}, gamma_<n>, prefix_<n>")

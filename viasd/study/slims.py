@@ -44,8 +44,9 @@ def per_slim(params: Params) -> bool:
 
 def threshold_slim(params: Params, spec: RunSpec) -> str:
     """Whose tuned thresholds a `viasd` run reads: `rules` for the hand-rules ablation (the DIMR slim's
-    thresholds searched without the learned router), `drafter_feature` for VIA-SD on the feature drafter (the DIMR
-    slim, searched with that drafter and its own router), else its slim's (`main` without `thresholds.per_slim`)."""
+    thresholds searched without the learned router), `drafter_feature` / `drafter_self` for VIA-SD on the feature
+    drafter / the target's first layers (the DIMR slim, searched with that drafter and its own router), else its
+    slim's (`main` without `thresholds.per_slim`)."""
     if spec.ablation == "rules":
         return "rules"
     if spec.drafter != "model":  # VIA-SD on another drafter: its own search, with a router fitted on its blocks
@@ -65,7 +66,8 @@ def slims_to_tune(params: Params) -> list[str]:
 
 
 def drafter_of(slim: str) -> str:
-    """The drafter a threshold search drafts with: `feature` for `drafter_feature`, else the draft model."""
+    """The drafter a threshold search drafts with: `feature` for `drafter_feature`, `self` for `drafter_self`,
+    else the draft model (`model`)."""
     return slim_spec(slim).drafter if slim not in ("main", "rules") else "model"
 
 
@@ -144,6 +146,8 @@ def load_runs_models(params: Params, pair: Pair, runs: dict[str, tuple[RunSpec, 
                                                                         pair.trust_remote_code)
             slims.append(independent)
         out[name] = base.with_slims(slims)
+        if spec.drafter == "self":  # the target's own first layers draft (models.self_drafter)
+            out[name].set_self_drafter(params.self_drafter.keep_layers(n_layers))
     return out
 
 

@@ -35,6 +35,14 @@ def _family(cfg: dict) -> dict:
     return cfg["models"]["families"][cfg["models"]["family"]]
 
 
+def _self_drafter(cfg: dict) -> dict:
+    """`models.self_drafter` where a run of the grid drafts with it (`drafter_self`), else nothing (the slices of
+    grids without one stay as they were)."""
+    if not any(run.endswith("-drafter_self") for run in cfg["study"]["runs"]):
+        return {}
+    return {"self_drafter": cfg["models"].get("self_drafter")}
+
+
 def _task_split(cfg: dict, task: str, split: str) -> dict:
     other = "test" if split == "dev" else "dev"
     return {k: v for k, v in cfg["tasks"][task].items() if k != f"{other}_prompts"}
@@ -53,14 +61,18 @@ SLICES: dict[str, tuple[tuple[str, ...], Callable[..., dict]]] = {
     # a worker searches the mask; the baseline masks are the search rule's alone
     "dimr_worker": (("pair",), lambda cfg, pair: {"seed": cfg["seed"], "runs": cfg["study"]["runs"],
                                                   "dimr": {k: v for k, v in cfg["dimr"].items() if k != "baselines"}}),
-    "train_router": (("pair",), lambda cfg, pair: {"seed": cfg["seed"], "router": cfg.get("router", {}),
-                                                   "gamma": cfg["thresholds"]["gamma"]}),
+    # the drafters it fits a router for: the draft model's, and each that a viasd-drafter_<name> run drafts with
+    "train_router": (("pair",), lambda cfg, pair: {
+        "seed": cfg["seed"], "router": cfg.get("router", {}), "gamma": cfg["thresholds"]["gamma"],
+        **({"drafters": drafters} if (drafters := [r for r in cfg["study"]["runs"] if r.startswith("viasd-drafter_")])
+           else {}), **_self_drafter(cfg)}),
     # the dev prompts come from dev.jsonl: the task's prompt counts are not parameters of the search
     "tune_thresholds": (("pair", "task"), lambda cfg, pair, task: {
         "seed": cfg["seed"], "thresholds": cfg["thresholds"], "runs": cfg["study"]["runs"],
-        "max_new_tokens": cfg["tasks"][task].get("max_new_tokens")}),
+        "max_new_tokens": cfg["tasks"][task].get("max_new_tokens"), **_self_drafter(cfg)}),
     "decode": (("pair", "task"), lambda cfg, pair, task: {"seed": cfg["seed"], "decode": cfg["decode"],
-                                                          "task": cfg["tasks"][task], "runs": cfg["study"]["runs"]}),
+                                                          "task": cfg["tasks"][task], "runs": cfg["study"]["runs"],
+                                                          **_self_drafter(cfg)}),
     "evaluate": (("pair", "task"), lambda cfg, pair, task: {"task": cfg["tasks"][task], "runs": cfg["study"]["runs"]}),
     "report": ((), lambda cfg: {"study": cfg["study"], "thresholds": cfg["thresholds"]}),
 }

@@ -26,6 +26,7 @@ thousand rows, and then the choice drops it (docs/method.md, "The router: who de
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +36,8 @@ import torch
 from ..decoding.tier_router import FEATURES, LearnedRouter, LogisticHead
 from ..errors import ViasdError
 from ..io import write_text
+
+log = logging.getLogger(__name__)
 
 FORMAT = 1
 
@@ -58,6 +61,15 @@ def _fit_logistic(z: torch.Tensor, y: torch.Tensor, l2: float, max_iter: int = 2
 
     opt.step(closure)
     return LogisticHead(mean.float(), scale.float(), w.detach().float(), float(b.detach()))
+
+
+def _constant_head(z: torch.Tensor, y: torch.Tensor) -> LogisticHead:
+    """The head of labels `y` `[n]` that hold one class only (a drafter the target agreed with on every training
+    row): no feature can separate them, so every row gets the smoothed rate `(k + 1) / (n + 2)` (Laplace's rule
+    of succession: `k` ones of `n`), a calibrated constant rather than a logistic fit's unbounded bias."""
+    rate = (float(y.sum()) + 1) / (len(y) + 2)
+    return LogisticHead(z.mean(0).float(), z.std(0).clamp_min(1e-6).float(), torch.zeros(z.shape[1]),
+                        math.log(rate / (1 - rate)))
 
 
 def auc(y: torch.Tensor, s: torch.Tensor) -> float | None:
@@ -165,9 +177,14 @@ def fit_router(rows: dict[str, torch.Tensor], probe_layers: int | Sequence[int] 
     for name, labels in (("draft", rows["draft_right"]), ("slim", rows["slim_right"])):
         known = ~torch.isnan(labels)
         train, held = known & ~test, known & test
+        if not int(train.sum()):
+            raise ViasdError(f"the router's {name}-right labels are all unknown: nothing to learn")
         if labels[train].unique().numel() < 2:
-            raise ViasdError(f"the router's {name}-right labels are all {int(labels[train][0])}: nothing to learn")
-        head = _fit_logistic(z[train], labels[train], head_l2[name])
+            log.warning("the router's %s-right labels are all %d on its training rows: its head is their smoothed "
+                        "rate, the same for every row", name, int(labels[train][0]))
+            head = _constant_head(z[train], labels[train])
+        else:
+            head = _fit_logistic(z[train], labels[train], head_l2[name])
         heads[name] = head
         prob = head(z[held]) if int(held.sum()) else torch.zeros(0)
         ece, bins = reliability(labels[held], prob) if len(prob) else (None, [])
