@@ -13,9 +13,11 @@ def test_default_and_smoke_parse():
     assert default.family.name == "default" and default.family.target.layers == 12
     smoke = config.load(REPO / "params.yaml", [REPO / "config" / "smoke.yaml"])
     assert smoke.family.name == "smoke" and smoke.data.max_files == 60
-    # config/drafters.yaml: the default grid and the feature drafter's two runs, kept in step with params.yaml
+    # config/drafters.yaml: the default grid and the other drafters' two runs each, kept in step with params.yaml
     drafters = config.load(REPO / "params.yaml", [REPO / "config" / "drafters.yaml"])
-    assert list(drafters.study.runs) == [*default.study.runs, "sd-drafter_feature", "viasd-drafter_feature"]
+    assert list(drafters.study.runs) == [*default.study.runs, "sd-drafter_feature", "viasd-drafter_feature",
+                                         "sd-drafter_self", "viasd-drafter_self"]
+    assert drafters.self_drafter.keep_layers(default.family.target.layers) == [0, 1]
     assert default.family.feature_drafter.trunk_layers == 6 and smoke.family.feature_drafter.trunk_layers == 1
 
 
