@@ -49,3 +49,27 @@ def test_a_slice_is_rewritten_only_when_its_values_change(tmp_path):
     assert test_prompts.stat().st_mtime > times[test_prompts]
     assert search.stat().st_mtime == times[search] and dev_prompts.stat().st_mtime == times[dev_prompts]
     assert [p.name for p in decode.iterdir()] == ["params.json"]  # no temporary file left
+
+
+def test_the_self_drafter_is_in_the_slices_only_of_grids_that_draft_with_it(tmp_path):
+    """`models.self_drafter` is read by the router, search and decode stages only where a `drafter_self` run is in
+    the grid: without one their slices leave it out (editing it re-runs nothing); with one, an edit re-runs those
+    three and not the DIMR search. The router's slice also names the viasd-drafter runs it fits routers for."""
+    from viasd.study.stage_params import stage_params
+
+    cfg = config.resolve(REPO / "params.yaml")
+    rules = {"train_router": {"pair": "default"}, "tune_thresholds": {"pair": "default", "task": "stdlib_continuation"},
+             "decode": {"pair": "default", "task": "stdlib_continuation"}, "dimr_search": {"pair": "default"}}
+    for rule, wildcards in rules.items():
+        assert "self_drafter" not in stage_params(cfg, rule, **wildcards)
+        assert "drafters" not in stage_params(cfg, rule, **wildcards)
+    drafted = copy.deepcopy(cfg)
+    drafted["study"]["runs"] = [*cfg["study"]["runs"], "sd-drafter_self", "viasd-drafter_self"]
+    folders = {rule: record_stage_params(drafted, rule, tmp_path, **w) for rule, w in rules.items()}
+    assert stage_params(drafted, "train_router", pair="default")["drafters"] == ["viasd-drafter_self"]
+    times = {rule: _touch_back(path) for rule, path in folders.items()}
+    drafted["models"]["self_drafter"] = {"layers": 3}
+    for rule, wildcards in rules.items():
+        record_stage_params(drafted, rule, tmp_path, **wildcards)
+    assert {rule for rule, path in folders.items() if path.stat().st_mtime > times[rule]} == {
+        "train_router", "tune_thresholds", "decode"}
