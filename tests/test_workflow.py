@@ -306,3 +306,18 @@ def test_snakemake_study_on_an_encoder_decoder_hub_pair(repo):
          "--no-track", "--pair", "t5", "--prompts", "2", "--repeats", "1", "--max-new-tokens", "8"], repo)
     bench = json.loads(next((repo / "reports-smoke" / "bench").glob("t5-stdlib_continuation*.json")).read_text())
     assert {"hf_ar", "hf_assisted", "ar", "sd", "cascade_sd", "spec_cascade", "viasd"} <= set(bench["methods"])
+
+
+def test_explicit_targets_on_a_fresh_clone_plan_their_jobs(tmp_path):
+    """`snakemake <outputs>` on a fresh clone (no `.viasd/params` yet) plans the jobs that build them: every rule's
+    parameter slice is written before the DAG is built, so none is missing while Snakemake looks for it (before, the
+    third model's folder was reported missing on the first run of these targets)."""
+    from workflow_helpers import copy_repo
+
+    repo = copy_repo(tmp_path / "repo")
+    targets = ["models-smoke/smoke/target", "models-smoke/smoke/draft", "models-smoke/smoke/independent",
+               "models-smoke/masks/smoke"]
+    planned = snakemake(repo, "-n", "--cores", "2", *targets, *SMOKE)
+    rules = planned_rules(planned.stdout + planned.stderr)
+    assert rules == {"prepare_corpus", "train_model", "dimr_search"}, rules
+    assert {p.name for p in (repo / ".viasd" / "params" / "train_model").iterdir()} == {"target", "draft", "independent"}

@@ -22,6 +22,7 @@ follows).
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -76,6 +77,22 @@ SLICES: dict[str, tuple[tuple[str, ...], Callable[..., dict]]] = {
     "evaluate": (("pair", "task"), lambda cfg, pair, task: {"task": cfg["tasks"][task], "runs": cfg["study"]["runs"]}),
     "report": ((), lambda cfg: {"study": cfg["study"], "thresholds": cfg["thresholds"]}),
 }
+
+
+def record_grid_params(cfg: dict, base: str | Path = ".") -> list[Path]:
+    """Record the slice of every instance of every rule the grid of `cfg` can run (its pairs, tasks, both splits,
+    the family's roles, `study.drafters`), before Snakemake builds its DAG. The input functions record them too,
+    but while the DAG is built Snakemake 9 may judge a folder by a listing of its parent it cached before the
+    folder was written (seen with explicit targets on a fresh clone: `MissingInputException` for
+    `.viasd/params/train_model/independent`); written first, every folder is in that listing."""
+    study = cfg["study"]
+    values = {"pair": study["pairs"], "task": study["tasks"], "split": ["dev", "test"],
+              "role": ["target", "draft", "independent"], "drafter": study.get("drafters") or []}
+    folders = []
+    for rule, (names, _) in SLICES.items():
+        for combo in itertools.product(*(values[n] for n in names)):
+            folders.append(record_stage_params(cfg, rule, base, **dict(zip(names, combo))))
+    return folders
 
 
 # each rule's Snakemake `benchmark:` file (workflow/rules/*.smk), by its wildcards

@@ -9,7 +9,7 @@ from snakemake.logging import logger
 from viasd import config as viasd_config
 from viasd.study.runs import parse_run
 from viasd.study.slims import search_order, slims_to_tune
-from viasd.study.stage_params import record_stage_params
+from viasd.study.stage_params import record_grid_params, record_stage_params
 
 import os
 
@@ -34,6 +34,8 @@ MODELS = config["models"]["dir"]
 FAMILY = config["models"]["family"]
 REPORTS = STUDY.get("reports", "reports")
 RUNS = [parse_run(r).name for r in STUDY["runs"]]
+# every rule's parameter slice, written before the DAG is built (viasd/study/stage_params.py says why)
+record_grid_params(config)
 
 
 wildcard_constraints:
