@@ -70,28 +70,34 @@ def test_which_lossless_baselines_the_dev_search_measures(tmp_path):
     assert wants_best(drafted, "sd", "feature") and not wants_best(drafted, "sd")
 
 
+def _grid_beside(study, tmp_path, runs: list[str], models: dict | None = None, study_section: dict | None = None):
+    """The session's smoke study through its DIMR search, router and first searches, then a grid of `runs` on a
+    copy of its models (the session's study keeps its own files): the parameters of that grid."""
+    import shutil
+
+    _, params = study
+    run_dimr_stage(params, progress=False)
+    run_router_stage(params, progress=False)
+    run_thresholds_stage(params, progress=False, slims=["rules", "main"])
+    copied = tmp_path / "models"
+    shutil.copytree(params.models_dir, copied)
+    return config.load(smoke_params(tmp_path, {
+        "data": {"dir": str(params.data.dir)}, "models": {"dir": str(copied), **(models or {})},
+        "study": {"runs": runs, "reports": str(tmp_path / "reports"), **(study_section or {})}}))
+
+
 def test_the_feature_drafter_axis_through_the_stages(study, tmp_path):
     """`viasd train-drafter` trains the smoke family's feature drafter; with an `sd-drafter_feature` run in the
     grid the DIMR slim's search also decodes SD with it at every gamma on dev (lossless) and names its fastest
     (`sd_drafter_feature_best`), which the run takes; `viasd-drafter_feature` gets a router refitted on the feature
     drafter's blocks and a threshold search of its own (with its oracle ceiling); the decode stage decodes
     `sd-drafter_feature` (ar's tokens) and `viasd-drafter_feature` beside the others."""
-    import shutil
-
     from viasd.stages.decode import run_decode_stage
     from viasd.stages.train_drafter import run_train_drafter
     from viasd.study.cells import run_inputs, run_policy
 
-    _, params = study
-    run_dimr_stage(params, progress=False)
-    run_router_stage(params, progress=False)
-    run_thresholds_stage(params, progress=False, slims=["rules", "main"])
-    models = tmp_path / "models"
-    shutil.copytree(params.models_dir, models)
-    runs = ["ar", "sd", "sd-drafter_feature", "viasd", "viasd-drafter_feature"]
-    grid = config.load(smoke_params(tmp_path, {"data": {"dir": str(params.data.dir)}, "models": {"dir": str(models)},
-                                               "study": {"runs": runs, "reports": str(tmp_path / "reports"),
-                                                         "drafters": ["feature"]}}))
+    grid = _grid_beside(study, tmp_path, ["ar", "sd", "sd-drafter_feature", "viasd", "viasd-drafter_feature"],
+                        study_section={"drafters": ["feature"]})
     from viasd.errors import StudyInputError
 
     with pytest.raises(StudyInputError, match="no feature drafter at"):
@@ -131,23 +137,13 @@ def test_the_self_drafter_axis_through_the_stages(study, tmp_path):
     gamma on dev (lossless) and names its fastest (`sd_drafter_self_best`); `viasd-drafter_self` gets a router
     refitted on the self-drafter's blocks and a search of its own, the DIMR slim (deeper) as its middle tier; the
     decode stage decodes both, `sd-drafter_self` with `ar`'s tokens; the bench takes the same settings."""
-    import shutil
-
     from viasd.stages.decode import run_decode_stage
     from viasd.study.cells import run_policy
     from viasd.study.paths import router_paths
     from viasd.study.slims import router_drafters, slims_to_tune
 
-    _, params = study
-    run_dimr_stage(params, progress=False)
-    run_router_stage(params, progress=False)
-    run_thresholds_stage(params, progress=False, slims=["rules", "main"])
-    models = tmp_path / "models"
-    shutil.copytree(params.models_dir, models)
-    runs = ["ar", "sd", "sd-drafter_self", "viasd", "viasd-drafter_self"]
-    grid = config.load(smoke_params(tmp_path, {"data": {"dir": str(params.data.dir)},
-                                               "models": {"dir": str(models), "self_drafter": {"layers": 1}},
-                                               "study": {"runs": runs, "reports": str(tmp_path / "reports")}}))
+    grid = _grid_beside(study, tmp_path, ["ar", "sd", "sd-drafter_self", "viasd", "viasd-drafter_self"],
+                        models={"self_drafter": {"layers": 1}})
     assert router_drafters(grid) == ["model", "self"] and "drafter_self" in slims_to_tune(grid)
     routed = run_router_stage(grid, progress=False, drafter="self")
     assert routed["drafter"] == "self" and router_paths(grid, "smoke", "self")["router"].exists()

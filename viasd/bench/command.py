@@ -52,14 +52,15 @@ def load_bench_models(params: Params, pair_name: str | None, device: str, dtype:
         feature_router = router_paths(params, pair.name, "feature")["router"]
         if feature_router.exists():  # refitted on the feature drafter's blocks (a viasd-drafter_feature run)
             models.feature_router = load_router(feature_router)
-    from ..decoding.slim import RoutingMask, num_decoder_layers
-
-    depth = num_decoder_layers(models.target)
     if draft_layers:
-        models.set_self_drafter(RoutingMask.parse(draft_layers, depth))
+        from ..decoding.slim import RoutingMask, num_decoder_layers
+
+        models.set_self_drafter(RoutingMask.parse(draft_layers, num_decoder_layers(models.target)))
     else:  # the study's self-drafter, and its own router where one was fitted
+        from ..study.slims import use_self_drafter
+
         try:
-            models.set_self_drafter(params.self_drafter.keep_layers(depth))
+            use_self_drafter(params, models)
         except ConfigError as err:  # too deep for this target: the -drafter_self methods then say so
             log.info("no self-drafter: %s", err)
             return pair, models

@@ -21,14 +21,13 @@ import torch
 from ..config import Params
 from ..decoding.policy import DecodePolicy
 from ..decoding.reuse import prefix_length
-from ..decoding.slim import num_decoder_layers
 from ..decoding.stats import DecodeStats
 from ..decoding.tier_router import RouterRows
 from ..search.calibration_set import load_calibration
 from ..study.cells import engine_options, input_files
 from ..study.paths import mask_paths, router_paths
 from ..study.record import StageRecord
-from ..study.slims import feature_drafter_dir, read_json
+from ..study.slims import feature_drafter_dir, read_json, use_self_drafter
 from ..training.tier_router import fit_router, save_router
 
 log = logging.getLogger(__name__)
@@ -70,7 +69,7 @@ def run_router_stage(params: Params, pair_name: str | None = None, progress: boo
                          device=params.device, dtype=pair.dtype, trust_remote_code=pair.trust_remote_code,
                          feature_drafter=feature_drafter_dir(params, pair) if feature else None)
     if drafter == "self":  # the target's own first layers draft (models.self_drafter)
-        models.set_self_drafter(params.self_drafter.keep_layers(num_decoder_layers(models.target)))
+        use_self_drafter(params, models)
     windows = load_calibration(params.data.dir / "calibration.parquet")[: cfg["prompts"]]
     engine = engine_options(params)
     policy = DecodePolicy(method="viasd", router="oracle", gamma=cfg["gamma"], max_new_tokens=cfg["max_new_tokens"],

@@ -15,7 +15,7 @@ import hashlib
 from ..config import Pair, Params
 from .cells import takes_sd_best
 from .runs import parse_run
-from .slims import feature_drafter_dir
+from .slims import feature_drafter_dir, use_self_drafter
 
 BASELINE_BESTS = ("self_sd_best", "cascade_sd_best", "sd_drafter_feature_best", "sd_drafter_self_best")
 BASELINE_KEYS = ("gamma", "decode_wall_per_token", "wall_per_token", "rejection_rate", "acceptance_rate", "fidelity")
@@ -52,7 +52,6 @@ def baseline_signature(params: Params, pair: Pair) -> dict:
 def baseline_bests(params: Params, pair: Pair, dev, cfg, signature: dict, sd_gamma: int) -> dict:
     """The baselines' best settings on the search's dev prompts (`dev`, a `DevSet`; `cfg` its `ThresholdConfig`),
     for those the signature asks for; `sd_gamma`: SD's best gamma (cascade_sd's inner hop runs at it)."""
-    from ..decoding.slim import num_decoder_layers
     from ..search.thresholds import cascade_sd_points, drafter_sd_points, self_sd_points
 
     def fastest(points: list[dict], *extra: str) -> dict:
@@ -68,7 +67,7 @@ def baseline_bests(params: Params, pair: Pair, dev, cfg, signature: dict, sd_gam
         dev.models.feature_drafter = load_feature_drafter(feature_drafter_dir(params, pair), dev.models.target)
         out["sd_drafter_feature_best"] = fastest(drafter_sd_points(dev, cfg, "feature"))
     if "sd_drafter_self_best" in signature:
-        dev.models.set_self_drafter(params.self_drafter.keep_layers(num_decoder_layers(dev.models.target)))
+        use_self_drafter(params, dev.models)
         out["sd_drafter_self_best"] = fastest(drafter_sd_points(dev, cfg, "self"))
     if signature.get("cascade_sd_best"):
         points = cascade_sd_points(dev, cfg, sd_gamma)

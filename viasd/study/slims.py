@@ -146,9 +146,17 @@ def load_runs_models(params: Params, pair: Pair, runs: dict[str, tuple[RunSpec, 
                                                                         pair.trust_remote_code)
             slims.append(independent)
         out[name] = base.with_slims(slims)
-        if spec.drafter == "self":  # the target's own first layers draft (models.self_drafter)
-            out[name].set_self_drafter(params.self_drafter.keep_layers(n_layers))
+        if spec.drafter == "self":
+            use_self_drafter(params, out[name])
     return out
+
+
+def use_self_drafter(params: Params, models) -> None:
+    """Set the study's self-drafter on `models` (a `ModelSet`): its target's first `models.self_drafter` layers
+    draft for the `drafter: self` policies; one clear `ConfigError` where that is not shallower than the target."""
+    from ..decoding.slim import num_decoder_layers
+
+    models.set_self_drafter(params.self_drafter.keep_layers(num_decoder_layers(models.target)))
 
 
 def feature_drafter_dir(params: Params, pair: Pair) -> Path:
