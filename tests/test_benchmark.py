@@ -193,7 +193,8 @@ def test_bench_batch_writes_throughput_against_batch_size(study, capsys):
 
 
 def test_bench_refuses_a_speedup_when_outputs_differ(study):
-    from viasd.bench.timing import BenchError, BenchMethod, run_benchmark
+    from viasd.bench.methods import BenchError, BenchMethod
+    from viasd.bench.timing import run_benchmark
     from viasd.decoding.policy import DecodePolicy
     from viasd.models import load_models
 

@@ -213,7 +213,8 @@ def test_methods_that_need_the_drafts_distribution_are_refused(pairs, tokenizer)
 def test_bench_compares_with_universal_assisted_generation(pairs, tokenizer):
     """`viasd bench` on the pair: transformers' assisted generation gets both tokenizers (universal
     assisted generation), and every lossless method writes the same tokens."""
-    from viasd.bench.timing import method_table, run_benchmark
+    from viasd.bench.methods import method_table
+    from viasd.bench.timing import run_benchmark
 
     models = pairs["other"]  # transformers tells the tokenizers apart by their sizes (256 and 300)
     prompts = [tokenizer(p)["input_ids"] for p in PROMPTS[:2]]

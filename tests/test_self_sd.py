@@ -93,7 +93,8 @@ def test_bench_sets_self_sd_beside_transformers_early_exit(pair_dirs, tokenizer)
     at the prefix's length) and ours write `ar`'s tokens (the bench refuses to time otherwise), and their ratio is
     reported; a slim that is not a prefix is refused for `hf_early_exit` with one clear error."""
     from viasd import load_models
-    from viasd.bench.timing import BenchError, early_exit_layers, method_table, run_benchmark
+    from viasd.bench.methods import BenchError, early_exit_layers, method_table
+    from viasd.bench.timing import run_benchmark
 
     target, _ = pair_dirs("llama")
     models = load_models(target, masks=[[0, 1]], device="cpu", dtype="float32")

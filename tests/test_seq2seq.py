@@ -216,7 +216,8 @@ def test_sampled_sd_has_the_targets_distribution(seq2seq, tokenizer):
 def test_bench_runs_every_method_and_the_transformers_baselines(seq2seq, tokenizer):
     """`viasd bench`'s benchmark on the T5 pair: every method and transformers' greedy and assisted
     generation for seq2seq, with the same-output check of the lossless ones."""
-    from viasd.bench.timing import method_table, run_benchmark
+    from viasd.bench.methods import method_table
+    from viasd.bench.timing import run_benchmark
 
     models = seq2seq("t5")
     prompts = [tokenizer(p)["input_ids"] for p in PROMPTS[:2]]

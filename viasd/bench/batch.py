@@ -36,8 +36,9 @@ from ..decoding.policy import DecodePolicy
 from ..errors import BenchError
 from ..metrics.speed import describe, paired_ratio
 from ..models import ModelSet
+from .methods import BenchMethod
 from .outputs import MUST_MATCH, check_outputs, quality_of
-from .timing import BenchMethod, generation_settings
+from .timing import generation_settings
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,8 @@ from ..study.cells import engine_options, fidelity_floor, tuned_settings
 from ..study.paths import bench_paths, mask_paths, router_paths, threshold_paths
 from ..study.record import StageRecord
 from .figures import markdown
-from .timing import HF, VIASD_VARIANTS, BenchError, early_exit_layers, method_table, run_benchmark
+from .methods import HF, VIASD_VARIANTS, BenchError, early_exit_layers, method_table
+from .timing import run_benchmark
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,8 @@ from ..io import write_json, write_text
 from ..study.cells import engine_options, fidelity_floor, tuned_settings
 from ..study.paths import bench_paths
 from .command import bench_prompts, run_setting, task_references
-from .timing import method_table, run_benchmark
+from .methods import method_table
+from .timing import run_benchmark
 
 # the speed-quality frontier: the tier thresholds of viasd and spec_cascade's lenience
 FRONTIER_TAU_ACCEPT = {"ratio": (0.25, 0.5, 1.0, 2.0, 3.0), "prob": (0.2, 0.35, 0.5, 0.7, 0.9)}
@@ -35,7 +36,7 @@ def frontier_table(models, viasd: dict, gamma: int, max_new: int, cascade: dict,
 
     from ..decoding.tier_router import oracle_settings
     from ..search.thresholds import PROBABILITY_SCORES
-    from .timing import BenchMethod
+    from .methods import BenchMethod
 
     base = method_table(models, ["ar", "sd", "viasd", "spec_cascade"], gamma, max_new, None, cascade, engine)
     by_name = {m.name: m for m in base}

@@ -20,7 +20,8 @@ from .command import (
     task_references,
 )
 from .frontier import run_frontier
-from .timing import BenchError, method_table, per_token_seconds, run_benchmark
+from .methods import BenchError, method_table
+from .timing import per_token_seconds, run_benchmark
 
 SWEEPS = ("gamma", "length", "prompt", "position", "frontier")
 SWEEP_METHODS = ["hf_ar", "ar", "sd", "viasd"]

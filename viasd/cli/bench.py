@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 
 
 def add_bench(sub) -> None:
-    from ..bench.timing import FEATURE_VARIANTS, HF, SELF_VARIANTS, VIASD_VARIANTS
+    from ..bench.methods import FEATURE_VARIANTS, HF, SELF_VARIANTS, VIASD_VARIANTS
     from ..decoding.policy import METHODS
 
     p = stage_parser(sub, "bench", "speed side by side: our methods vs transformers generate / assisted generation",
