@@ -36,3 +36,7 @@ class BenchError(ViasdError):
 
 class StudyInputError(ViasdError):
     """A stage's input (mask, thresholds, router, decode output) has not been produced yet."""
+
+
+class ConfigError(ViasdError):
+    """params.yaml (or an override file) is malformed."""
