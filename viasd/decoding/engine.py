@@ -20,18 +20,17 @@ from torch import nn
 from ..errors import PolicyError, PromptError
 from . import batching
 from .batching import Batch, BatchStats
-from .compilation import compiled
-from .feature_drafter import FeatureDrafter, FeatureDraftRunner, TrunkFeatures
+from .feature_drafter import FeatureDrafter
 from .intermediate import IndependentVerifier
 from .kv_cache import model_cache
 from .methods import METHODS, MethodInputs
 from .policy import DecodePolicy
 from .processors import build, resolve
-from .reuse import ExitRunner, RestRunner, TrunkRunner, shared_prefix
 from .runner import ModelRunner
+from .runner_layout import make_runners
 from .sampling import Sampler, unsure
 from .seq2seq import decoder_start_id, encode, is_encoder_decoder, text_config
-from .slim import RoutingMask, SlimVerifier, num_decoder_layers
+from .slim import SlimVerifier
 from .stats import DecodeStats
 from .stopping import StopRule
 from .text_draft import TextDraft
@@ -104,7 +103,9 @@ class DecodeSession:
 
         # a draft with another tokenizer proposes through text (text_draft.py), with a sequence of its own
         self.text_draft = _text_draft(policy, self.method, draft, draft_tokenizer, tokenizer, self.seq2seq)
-        self._make_runners(policy, target, None if self.text_draft else draft, slims, vocab_size, capacity)
+        layout = make_runners(policy, self.method, target, None if self.text_draft else draft, slims, vocab_size,
+                              capacity)
+        self.draft, self.trunk, self.slims, self.target = layout.draft, layout.trunk, layout.slims, layout.target
         own = self.text_draft.runner if self.text_draft else None
         self.runners = [r for r in (self.draft, own, self.trunk, *self.slims, self.target) if r is not None]
         self.side_runners: list[ModelRunner] = []  # the method's runners whose passes are not its work
@@ -145,66 +146,6 @@ class DecodeSession:
         encoded and rolled back with the others, its seconds taken off the decode's wall time."""
         self.side_runners.append(runner)
 
-    def _make_runners(self, policy: DecodePolicy, target: nn.Module, draft: nn.Module | None, slims,
-                      vocab_size: int, capacity: int) -> None:
-        """`self.draft`, `self.trunk`, `self.slims`, `self.target`: each model with its cache and counters; with
-        reuse, the trunk shared by the slim and the full model, and their rests. A feature drafter
-        (`feature_drafter.py`) drafts from the trunk's layers, so it splits the full model at the slim's
-        trunk or, without one (`sd`, or reuse off), at its own."""
-
-        def runner(name, model, new_cache):
-            return ModelRunner(name, compiled(model) if policy.compile else model, new_cache, vocab_size,
-                               policy.exact_timing)
-
-        kind = policy.cache
-        feature = draft if isinstance(draft, FeatureDrafter) else None
-        split = self._shared_prefix(policy, slims)
-        if feature is not None and (split is None or split.k < feature.trunk_layers):
-            if split is not None:
-                raise PolicyError(f"the feature drafter reads layers 0..{feature.trunk_layers - 1} of the shared trunk, "
-                                  f"but the slim shares only layers 0..{split.k - 1} with the full model")
-            split = shared_prefix(SlimVerifier(target, RoutingMask(tuple(range(feature.trunk_layers)),
-                                                                   num_decoder_layers(target))))
-            if split is None:
-                raise PolicyError("the feature drafter drafts from the target's leading layers, but this target's "
-                                  "forward does not split there (the reason is logged)")
-            own_split = True
-        else:
-            own_split = False
-        self.trunk = None
-        if split is not None:  # slim and full model share layers 0..k-1: one trunk pass per position (reuse)
-            weight = next(target.parameters())
-            self.trunk = TrunkRunner(compiled(split.trunk) if policy.compile else split.trunk,
-                                     lambda: split.new_cache("trunk", kind, capacity), capacity,
-                                     target.get_input_embeddings().weight.shape[-1], weight.dtype, vocab_size,
-                                     policy.exact_timing,
-                                     capture=TrunkFeatures(target, feature.layers) if feature is not None else None)
-            self.trunk.layers = split.k
-            self.target = RestRunner("target", compiled(split.target_rest) if policy.compile else split.target_rest,
-                                     self.trunk, lambda: split.new_cache("target", kind, capacity), vocab_size,
-                                     policy.exact_timing)
-        else:
-            self.target = runner("target", target, lambda: model_cache(target, kind, capacity))
-        if split is not None and not own_split:
-            if split.early_exit:  # the slim is the trunk itself: its pass is the head on the trunk's output
-                self.slims = [ExitRunner(split.slim_rest, self.trunk, vocab_size, policy.exact_timing)]
-            else:
-                self.slims = [RestRunner("slim", compiled(split.slim_rest) if policy.compile else split.slim_rest,
-                                         self.trunk, lambda: split.new_cache("slim", kind, capacity), vocab_size,
-                                         policy.exact_timing)]
-        else:
-            self.slims = [
-                runner("slim" if len(slims) == 1 else f"slim{k}", s.model, (lambda s=s: s.new_cache(kind, capacity)))
-                for k, s in enumerate(slims)
-            ]
-        if feature is not None:
-            self.draft = FeatureDraftRunner(feature, self.trunk, vocab_size, policy.exact_timing)
-        elif isinstance(draft, SlimVerifier):  # a self-drafter: a shallower routing of the target, its own cache
-            self.draft = runner("draft", draft.model, lambda: draft.new_cache(kind, capacity))
-        else:
-            self.draft = runner("draft", draft, lambda: model_cache(draft, kind, capacity)) if draft is not None \
-                else None
-
     def _encode(self, prompt: torch.Tensor) -> None:
         """Encode the prompt once per distinct encoder module: the target's outputs serve the target and
         every slim routed out of it (they share its encoder), the draft and an independent model encode
@@ -217,15 +158,6 @@ class DecodeSession:
                 encoded[encoder] = encode(r.model, prompt)
                 self.stats.encoder_time_s += time.perf_counter() - start
             r.encoder_outputs = encoded[encoder]
-
-    def _shared_prefix(self, policy: DecodePolicy, slims):
-        """The slim/full split when `policy.reuse` applies: a method that shares the trunk, one routed slim that
-        keeps layer 0 (a prefix-only mask included: the early exit) and a layout whose forward splits exactly
-        (`reuse.SharedPrefix`); else None."""
-        if not (policy.reuse and self.method.shares_trunk and policy.runs_slim and len(slims) == 1
-                and isinstance(slims[0], SlimVerifier)):
-            return None
-        return shared_prefix(slims[0])
 
     @property
     def remaining(self) -> int:
