@@ -17,7 +17,7 @@ def test_default_and_smoke_parse():
     drafters = config.load(REPO / "params.yaml", [REPO / "config" / "drafters.yaml"])
     assert list(drafters.study.runs) == [*default.study.runs, "sd-drafter_feature", "viasd-drafter_feature",
                                          "sd-drafter_self", "viasd-drafter_self"]
-    assert drafters.self_drafter.keep_layers(default.family.target.layers) == [0, 1]
+    assert drafters.self_drafter.keep_layers(default.family.target.layers) == [0, 1, 2, 3]
     assert default.family.feature_drafter.trunk_layers == 6 and smoke.family.feature_drafter.trunk_layers == 1
 
 
