@@ -33,6 +33,7 @@ from ..errors import StudyInputError
 from ..io import write_json, write_text
 from ..metrics.quality import QualityConstraints
 from ..report.claims import claim_rows, claims_section, dimr_seconds
+from ..report.drafters import DRAFTERS, drafter_rows, drafters_section
 from ..report.family import family_rows, family_table, router_summary
 from ..report.headline import INTRO, headline
 from ..report.headroom import oracle_headroom
@@ -52,7 +53,7 @@ from ..report.tables import (
     table_rows,
     with_speed,
 )
-from ..study.paths import eval_path, report_paths
+from ..study.paths import eval_path, report_paths, threshold_paths
 from ..study.record import StageRecord
 from ..study.runs import parse_run
 
@@ -61,6 +62,15 @@ def grid(params: Params) -> list[tuple[str, str, str]]:
     """Every (pair, task, run) cell of the study."""
     s = params.study
     return [(p, t, parse_run(r).name) for p in s.pairs for t in s.tasks for r in s.runs]
+
+
+def drafter_searches(params: Params, pair: str, task: str) -> dict[str, dict | None]:
+    """Each drafter's threshold search record for `pair` and `task` (`report.drafters`), None where it has not run."""
+    out = {}
+    for _, _, name in DRAFTERS.values():
+        path = threshold_paths(params, task, pair, name)["json"]
+        out[name] = json.loads(path.read_text()) if path.exists() else None
+    return out
 
 
 def run_report_stage(params: Params) -> dict:
@@ -112,6 +122,7 @@ def run_report_stage(params: Params) -> dict:
                     "Slim-tier pass rate by block position (share of the positions the tiers examined that they "
                     "settled without the full model; a block skips the full model only if every position passes):\n",
                     positions, oracle_headroom(evals, main_costs(params, pair, task)),
+                    *drafters_section(drafter_rows(evals, drafter_searches(params, pair, task))),
                     f"Slim verifiers on the dev split, each with thresholds tuned for it ({bounds}; tiers off = plain "
                     "SD is always a candidate); cost/token is the cost model (draft, slim and full passes at "
                     "per-pass costs measured once, in the DIMR mask's search, and shared) times the wall factor of "
