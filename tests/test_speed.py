@@ -93,3 +93,36 @@ def test_the_claims_table_sets_each_source_claim_beside_the_studys_figure(tmp_pa
     assert all("fidelity 0.970" in r["quality"] for r in rows if r["claim"] != "DIMR search time per pair")
     assert "the source" in claims_table(rows).splitlines()[0]
     assert dimr_seconds(tmp_path / "nothing", "default") is None
+
+
+def test_the_drafter_table_says_whether_the_middle_tier_pays_on_each_drafter():
+    """`report/drafters.py`: one row per drafter with both an SD and a VIA-SD run; VIA-SD on it against SD on it as
+    a paired ratio with its interval, SD on it against `sd`, the dev search's oracle ceiling and share, and a verdict
+    that follows the interval (pays / costs / within noise); no section with the draft model alone."""
+    from viasd.report.drafters import drafter_rows, drafters_section, verdict
+    from viasd.report.tables import with_speed
+
+    ids, groups = ["a", "b", "c", "d"], ["f", "g", "h", "i"]
+
+    def run(name, method, seconds):
+        speed = {"ids": ids, "groups": groups, "seconds_per_token": seconds,
+                 "vs_ar": {"ratio": 1.0, "low": None, "high": None}}
+        return {"run": name, "method": method, "speed": speed, "acceptance_rate": 0.5, "policy": {"gamma": 3},
+                "quality": {"fidelity": 0.97, "task_drop": 0.1}}
+
+    evals = with_speed([run("ar", "ar", [4.0] * 4), run("sd", "sd", [2.0] * 4),
+                        run("viasd", "viasd", [1.6, 1.7, 1.5, 1.6]),
+                        run("sd-drafter_self", "sd", [2.5] * 4),
+                        run("viasd-drafter_self", "viasd", [2.4, 2.7, 2.5, 2.6])])
+    searches = {"main": {"oracle": {"sd_over_oracle_cost": 1.3}, "oracle_at_floor": {"sd_over_oracle_cost": 1.4},
+                         "headroom_taken_at_floor": 0.5},
+                "drafter_self": None}
+    rows = drafter_rows(evals, searches)
+    assert [r["drafter"] for r in rows] == ["draft model", "self (the target's first layers)"]
+    model, own = rows
+    assert model["viasd_vs_own_sd"].startswith("1.25") and model["verdict"] == "pays"
+    assert model["ceiling"] == "1.400× / 1.300×" and model["share"] == "0.500" and model["sd_vs_sd"] == "1"
+    assert own["sd_vs_sd"].startswith("0.800×") and own["verdict"] == "within noise" and own["ceiling"] == "–"
+    assert "fidelity 0.970" in own["quality"]
+    assert verdict({"ratio": 0.9, "low": 0.85, "high": 0.95}) == "costs" and verdict(None) == "–"
+    assert drafters_section(rows)[0].startswith("### The middle tier") and drafters_section(rows[:1]) == []
