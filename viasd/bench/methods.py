@@ -71,22 +71,18 @@ def _methods(models: ModelSet, names: list[str], gamma: int, max_new_tokens: int
                         **(engine or {}))
     out = []
     for name in names:
-        if name in FEATURE_VARIANTS:
-            if models.feature_drafter is None:
+        if name in FEATURE_VARIANTS or name in SELF_VARIANTS:
+            # SD and VIA-SD on another drafter: SD at its own best gamma, VIA-SD with its own search's thresholds,
+            # where they ran (`baselines`, `variants`)
+            drafter, suffix = ("feature", FEATURE) if name in FEATURE_VARIANTS else ("self", SELF)
+            if drafter == "feature" and models.feature_drafter is None:
                 raise BenchError(f"{name} drafts with the pair's feature drafter: train it first (`viasd train-drafter`)")
-            (own,) = _methods(models, [name[: -len(FEATURE)]], gamma, max_new_tokens, viasd, spec_cascade, engine,
-                              variants, oracle_budget, baselines)
-            # VIA-SD on the feature drafter with the thresholds of its own search where it ran (`variants`)
-            settings = {**(baselines or {}).get(name, {}), **(variants or {}).get(name, {})}
-            out.append(BenchMethod(name, replace(own.policy, drafter="feature", **settings)))
-        elif name in SELF_VARIANTS:
-            if models.self_drafter is None:
+            if drafter == "self" and models.self_drafter is None:
                 raise BenchError(f"{name} drafts with the target's own layers: name them (--draft-layers 0,1)")
-            (own,) = _methods(models, [name[: -len(SELF)]], gamma, max_new_tokens, viasd, spec_cascade, engine,
+            (own,) = _methods(models, [name[: -len(suffix)]], gamma, max_new_tokens, viasd, spec_cascade, engine,
                               variants, oracle_budget, baselines)
-            # VIA-SD on it with its own search's thresholds, SD on it at its own best gamma, where they ran
             settings = {**(baselines or {}).get(name, {}), **(variants or {}).get(name, {})}
-            out.append(BenchMethod(name, replace(own.policy, drafter="self", **settings)))
+            out.append(BenchMethod(name, replace(own.policy, drafter=drafter, **settings)))
         elif name == "hf_ar":
             out.append(BenchMethod(name))
         elif name in ASSISTED:
