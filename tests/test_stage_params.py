@@ -73,3 +73,20 @@ def test_the_self_drafter_is_in_the_slices_only_of_grids_that_draft_with_it(tmp_
         record_stage_params(drafted, rule, tmp_path, **wildcards)
     assert {rule for rule, path in folders.items() if path.stat().st_mtime > times[rule]} == {
         "train_router", "tune_thresholds", "decode"}
+
+
+def test_the_mask_search_reads_only_the_runs_that_need_a_search_of_their_own():
+    """Adding a drafter or a baseline run to the grid leaves the DIMR search's slice (and so the search and every
+    stage after it) as it was; a cost or prefix ablation, which needs its own search, changes it."""
+    from viasd.study.stage_params import stage_params
+
+    cfg = config.resolve(REPO / "params.yaml")
+    before = {rule: stage_params(cfg, rule, pair="default") for rule in ("dimr_search", "dimr_worker")}
+    grown = copy.deepcopy(cfg)
+    grown["study"]["runs"] = [*cfg["study"]["runs"], "sd-drafter_self", "viasd-drafter_self", "sd-gamma_6"]
+    assert {rule: stage_params(grown, rule, pair="default") for rule in before} == before
+    assert before["dimr_search"]["searches"] == ["cost_target"]  # the default grid's cost ablation
+    searched = copy.deepcopy(cfg)
+    searched["study"]["runs"] = [*cfg["study"]["runs"], "viasd-prefix_2"]
+    for rule in before:
+        assert stage_params(searched, rule, pair="default")["searches"] == ["cost_target", "prefix_2"]

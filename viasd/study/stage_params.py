@@ -44,6 +44,17 @@ def _self_drafter(cfg: dict) -> dict:
     return {"self_drafter": cfg["models"].get("self_drafter")}
 
 
+def _own_searches(cfg: dict) -> list[str]:
+    """The ablations of the grid's runs that need a DIMR search of their own (`cost_<fn>`, `prefix_<n>`): the
+    only part of `study.runs` the DIMR search reads, so adding any other run (a drafter, a baseline) re-runs no
+    search and nothing after it."""
+    from .runs import parse_run
+
+    specs = [parse_run(run) for run in cfg["study"]["runs"]]
+    return sorted({s.ablation for s in specs
+                   if s.ablation and (s.ablation.startswith("cost_") or s.prefix is not None)})
+
+
 def _task_split(cfg: dict, task: str, split: str) -> dict:
     other = "test" if split == "dev" else "dev"
     return {k: v for k, v in cfg["tasks"][task].items() if k != f"{other}_prompts"}
@@ -58,9 +69,9 @@ SLICES: dict[str, tuple[tuple[str, ...], Callable[..., dict]]] = {
     "train_drafter": (("drafter",), lambda cfg, drafter: {"seed": cfg["seed"], "train": cfg["train"],
                                                           "drafter": _family(cfg).get(f"{drafter}_drafter")}),
     "dimr_search": (("pair",), lambda cfg, pair: {"seed": cfg["seed"], "dimr": cfg["dimr"],
-                                                  "runs": cfg["study"]["runs"]}),
+                                                  "searches": _own_searches(cfg)}),
     # a worker searches the mask; the baseline masks are the search rule's alone
-    "dimr_worker": (("pair",), lambda cfg, pair: {"seed": cfg["seed"], "runs": cfg["study"]["runs"],
+    "dimr_worker": (("pair",), lambda cfg, pair: {"seed": cfg["seed"], "searches": _own_searches(cfg),
                                                   "dimr": {k: v for k, v in cfg["dimr"].items() if k != "baselines"}}),
     # the drafters it fits a router for: the draft model's, and each that a viasd-drafter_<name> run drafts with
     "train_router": (("pair",), lambda cfg, pair: {
