@@ -1,4 +1,5 @@
 # The VIA-SD study: prepare_corpus -> train_model -> dimr_search -> train_router -> tune_thresholds -> decode -> evaluate -> report
+# (and tune_thresholds -> batch_table -> report: speed against batch size)
 # (the rules, in that order: workflow/report/workflow.rst, the report's front page).
 # Every rule calls a `viasd` subcommand; parameters come from params.yaml (validated on load), with
 # `--configfile config/smoke.yaml` merged over it for the smoke configuration.
@@ -20,6 +21,7 @@ include: "workflow/rules/dimr_search.smk"
 include: "workflow/rules/train_router.smk"
 include: "workflow/rules/tune_thresholds.smk"
 include: "workflow/rules/decode.smk"
+include: "workflow/rules/batch_table.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
 

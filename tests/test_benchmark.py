@@ -8,6 +8,9 @@ from dataclasses import replace
 
 import pytest
 import torch
+from workflow_helpers import REPO
+
+REPO_PARAMS = REPO / "params.yaml"
 
 
 def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
@@ -190,6 +193,61 @@ def test_bench_batch_writes_throughput_against_batch_size(study, capsys):
     capsys.readouterr()
     assert main(["bench", *base, "--batch", "0,2"]) == 2
     assert "batch sizes of at least 1" in capsys.readouterr().err
+
+
+def test_the_study_batch_table_stage(study, capsys):
+    """`viasd batch-table`: the study's speed against batch size for its tuned policies, in its own folder, with the
+    report's part (the answer, the table and the plot) read off it; `batch_table.sizes: []` writes that it is off
+    and decodes nothing, and the report then has no such part."""
+    import yaml
+
+    from viasd import config
+    from viasd.cli import main
+    from viasd.report.batch import batch_section
+    from viasd.stages.batch_table import batch_table_record
+    from viasd.study.paths import batch_table_paths
+
+    src_tmp, _ = study
+    base = ["--params", str(src_tmp / "params.yaml"), "--no-track"]
+    assert main(["dimr-search", *base]) == 0
+    overlay = src_tmp / "batch-table.yaml"
+    overlay.write_text(yaml.safe_dump({"batch_table": {"sizes": [1, 3], "prompts": 3, "max_new_tokens": 6,
+                                                       "repeats": 2}}))
+    args = [*base, "--config", str(overlay), "--pair", "smoke", "--task", "stdlib_continuation"]
+    capsys.readouterr()
+    assert main(["batch-table", *args]) == 0
+    params = config.load(src_tmp / "params.yaml", [overlay])
+    paths = batch_table_paths(params, "smoke", "stdlib_continuation")
+    result = json.loads(paths["json"].read_text())
+    assert result["batch_sizes"] == [1, 3] and result["prompts"] == 3 and result["max_new_tokens"] == 6
+    assert result["methods"] == ["hf_ar", "ar", "sd", "viasd"] and result["title"].startswith("viasd batch-table")
+    assert all(r["low"] <= r["ratio"] <= r["high"] for row in result["rows"] for r in row["ratios"].values())
+    assert result["quality"]["sd"]["fidelity"] == 1.0 and paths["png"].exists()
+    assert "viasd_vs_sd" in paths["md"].read_text()
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert [p["batch"] for p in printed] == [1, 3]
+    record = batch_table_record(params, "smoke", "stdlib_continuation", {**result, "files": paths})
+    assert record.stage == "batch_table" and "interval.viasd_vs_sd.batch_3.low" in record.metrics
+    section = "\n".join(batch_section(result, "batch/smoke/stdlib_continuation/batch.png"))
+    assert "VIA-SD over SD: batch 1: " in section and "batch 3: " in section
+    assert "![batch](batch/smoke/stdlib_continuation/batch.png)" in section
+    assert section.count("| 3 |") == 2  # the speed table's row and the passes table's row at batch 3
+    # off: a file that says so, nothing decoded, nothing in the report
+    overlay.write_text(yaml.safe_dump({"batch_table": {"sizes": []}}))
+    assert main(["batch-table", *args]) == 0
+    off = json.loads(paths["json"].read_text())
+    assert off["off"] is True and off["rows"] == [] and batch_section(off, "x.png") == []
+
+
+def test_batch_table_settings_are_checked_against_the_prompts():
+    """A batch larger than the table's prompts, or more prompts than a task's test split holds, is one clear error."""
+    from viasd import config
+
+    raw = config.resolve(REPO_PARAMS)
+    for table, message in (({"sizes": [1, 32], "prompts": 16}, "batch_table.sizes: batch 32 needs at least as many"),
+                           ({"sizes": [1, 4], "prompts": 64}, "batch_table.prompts: 64, but tasks.")):
+        with pytest.raises(config.ConfigError, match=message):
+            config.validate(config.deep_merge(raw, {"batch_table": table}), "params.yaml")
 
 
 def test_bench_refuses_a_speedup_when_outputs_differ(study):

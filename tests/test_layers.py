@@ -126,7 +126,7 @@ def test_every_study_stage_has_its_module():
     """One module per stage of the study, named as the stage (the Snakemake rule and the `viasd` subcommand)."""
     stages = {p.stem for p in (PACKAGE / "stages").glob("*.py")} - {"__init__"}
     assert stages == {"prepare_data", "train_model", "train_drafter", "dimr_search", "train_router", "tune_thresholds",
-                      "decode", "evaluate", "report"}
+                      "decode", "batch_table", "evaluate", "report"}
 
 
 def test_dvc_stages_depend_on_the_code_their_commands_import(tmp_path):

@@ -120,9 +120,10 @@ def _sweep_plot(out: dict, path) -> None:
 def run_batch_sweep(params: Params, pair_name: str | None, task: str, batch_sizes: list[int], prompts: int,
                     max_new_tokens: int | None, repeats: int, gamma: int | None, device: str, dtype: str,
                     methods: list[str] | None = None, progress: bool = True, engine: dict | None = None,
-                    draft_layers: str | None = None) -> dict:
+                    draft_layers: str | None = None, paths: dict | None = None) -> dict:
     """Throughput and latency against batch size (`bench.batch`): `hf_ar`, `ar`, `sd` at its best gamma on dev and the
-    tuned `viasd` by default; a table, JSON and a plot, reports/bench/<pair>-<task>-sweep-batch.*"""
+    tuned `viasd` by default; a table, JSON and a plot, reports/bench/<pair>-<task>-sweep-batch.* (or `paths`'
+    `md`, `png` and `json`: the study's batch table)"""
     from .batch import BATCH_METHODS, batch_markdown, batch_plot, run_batch_benchmark
 
     pair, models = load_bench_models(params, pair_name, device, dtype, draft_layers)
@@ -135,11 +136,12 @@ def run_batch_sweep(params: Params, pair_name: str | None, task: str, batch_size
     result = run_batch_benchmark(models, bench_prompts(params, models, task, prompts), table, sorted(set(batch_sizes)),
                                  max_new, repeats, progress, references, metric)
     weight = next(models.target.parameters())
-    title = (f"viasd bench --batch: {pair.name} on {task}, {prompts} prompts x {max_new} tokens, sd at gamma {gamma} "
+    command = "viasd batch-table" if paths else "viasd bench --batch"
+    title = (f"{command}: {pair.name} on {task}, {prompts} prompts x {max_new} tokens, sd at gamma {gamma} "
              f"({source}), {weight.device}, {str(weight.dtype).removeprefix('torch.')}")
     result.update({"pair": pair.name, "task": task, "sweep": "batch", "gamma": gamma, "gamma_source": source, **engine,
                    "device": str(weight.device), "dtype": str(weight.dtype), "title": title})
-    paths = bench_paths(params, pair.name, task, "batch", **engine, **run_setting(models))
+    paths = paths or bench_paths(params, pair.name, task, "batch", **engine, **run_setting(models))
     write_text(paths["md"], batch_markdown(result, title))
     batch_plot(result, paths["png"])
     write_json(paths["json"], result)

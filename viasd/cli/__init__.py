@@ -12,6 +12,7 @@ from ..errors import ViasdError
 from .bench import add_bench
 from .generate import add_generate
 from .stages import (
+    add_batch_table,
     add_decode,
     add_dimr_search,
     add_evaluate,
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_dimr_search(sub)
     add_train_router(sub)
     add_tune_thresholds(sub)
+    add_batch_table(sub)
     add_evaluate(sub)
     add_report(sub)
     add_bench(sub)

@@ -257,6 +257,31 @@ def _decode(args) -> int:
 
 
 
+def add_batch_table(sub) -> None:
+    p = stage_parser(sub, "batch-table", "the study's speed against batch size: hf_ar, ar, sd and the tuned viasd at "
+                     "each of batch_table.sizes on the task's first test prompts", _batch_table)
+    add_pair(p)
+    p.add_argument("--task", required=True)
+
+
+
+def _batch_table(args) -> int:
+    from ..stages.batch_table import batch_table_record, run_batch_table_stage
+
+    params, pair, _ = grid_cells(args, runs=["ar"])
+    record_params(args, "batch_table", pair=pair.name, task=args.task)
+    result = run_batch_table_stage(params, pair.name, args.task)
+    track(args, params, batch_table_record(params, pair.name, args.task, result))
+    for row in result["rows"]:
+        print(json.dumps({"batch": row["batch"], **{f"{k}_tokens_per_second": round(m["tokens_per_second"], 2)
+                                                     for k, m in row["methods"].items()},
+                          **{k: r and round(r["ratio"], 4) for k, r in row["ratios"].items()}}))
+    if result.get("off"):
+        print(json.dumps({"pair": pair.name, "task": args.task, "batch_table": "off"}))
+    return 0
+
+
+
 def add_evaluate(sub) -> None:
     p = stage_parser(sub, "evaluate", "the task's quality metrics for the decode outputs of runs of the study grid",
                      _evaluate)

@@ -17,6 +17,7 @@ from ..errors import ConfigError
 from .checks import KNOWN_TASKS, check_semantics
 from .sections import (
     DEFAULT_MAX_NEW_TOKENS,
+    BatchTableParams,
     DataParams,
     DecodeParams,
     DimrParams,
@@ -33,7 +34,7 @@ from .sections import (
     parse,
 )
 
-__all__ = ["ConfigError", "DEFAULT_MAX_NEW_TOKENS", "DataParams", "DecodeParams", "DimrParams", "Family",
+__all__ = ["BatchTableParams", "ConfigError", "DEFAULT_MAX_NEW_TOKENS", "DataParams", "DecodeParams", "DimrParams", "Family",
            "FeatureDrafterArch", "KNOWN_TASKS", "ModelArch", "Pair", "Params", "RouterParams", "SCHEMA",
            "SelfDrafterParams", "StudyParams", "ThresholdParams", "TrainParams", "deep_merge", "load", "parse",
            "resolve", "validate"]

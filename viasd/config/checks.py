@@ -64,6 +64,7 @@ def check_semantics(raw: dict, source: str) -> None:
         if have is not None and have < needed:
             raise ConfigError(f"{source}: tasks.{task}.dev_prompts: {have} dev prompts, but the threshold search "
                               f"decodes thresholds.dev_prompts + confirm_prompts = {needed}")
+    _check_batch_table(raw, source)
     from ..decoding.tier_router import floor_budget
     from ..study.runs import parse_run
 
@@ -86,6 +87,21 @@ def check_semantics(raw: dict, source: str) -> None:
         if spec.ablation == "oracle_budget" and floor_budget(floor) is None:
             raise ConfigError(f"{source}: study.runs.{i}: {run!r} spends the fidelity budget down to "
                               f"thresholds.quality.min_fidelity, which is {floor}: set a floor below 1")
+
+
+def _check_batch_table(raw: dict, source: str) -> None:
+    """The batch table decodes its prompts from each task's test split, at batch sizes up to their number."""
+    table = raw.get("batch_table") or {}
+    sizes, prompts = table.get("sizes") or [], table.get("prompts", 16)
+    if not sizes:
+        return
+    if max(sizes) > prompts:
+        raise ConfigError(f"{source}: batch_table.sizes: batch {max(sizes)} needs at least as many prompts, and "
+                          f"batch_table.prompts is {prompts}")
+    for task in raw["study"]["tasks"]:
+        have = raw["tasks"].get(task, {}).get("test_prompts")
+        if have is not None and have < prompts:
+            raise ConfigError(f"{source}: batch_table.prompts: {prompts}, but tasks.{task}.test_prompts is {have}")
 
 
 def _check_self_drafter(raw: dict, source: str, i: int, run: str, method: str) -> None:

@@ -57,6 +57,20 @@ class Family:
 
 
 @dataclass(frozen=True)
+class BatchTableParams:
+    """`batch_table:` — the study's speed against batch size (`viasd batch-table`): transformers' batched greedy
+    `generate`, `ar`, `sd` at its best gamma on dev and the tuned `viasd`, each decoding the first `prompts` test
+    prompts at most `size` at a time, for each of `sizes` (empty: off). Every prompt makes `max_new_tokens` tokens (no
+    stop rule, so throughputs compare like with like; None: the task's own), timed over `repeats` rounds (the units
+    of the ratios' intervals)."""
+
+    sizes: tuple[int, ...] = ()
+    prompts: int = 16
+    max_new_tokens: int | None = 64
+    repeats: int = 3
+
+
+@dataclass(frozen=True)
 class SelfDrafterParams:
     """`models.self_drafter` — the target's own first layers that draft for the runs with a `drafter_self`
     ablation (self-speculation: no model of its own, no training): `layers` of them (an integer), or that share
@@ -238,6 +252,7 @@ class Params:
     thresholds: ThresholdParams = field(default_factory=ThresholdParams)
     router: RouterParams = field(default_factory=RouterParams)
     self_drafter: SelfDrafterParams = field(default_factory=SelfDrafterParams)
+    batch_table: BatchTableParams = field(default_factory=BatchTableParams)
     raw: dict = field(repr=False, default_factory=dict)
 
     def search_heartbeat(self, workers: int) -> int | None:
@@ -304,6 +319,7 @@ def parse(raw: dict, root: Path = Path(".")) -> Params:
         thresholds=_threshold_params(raw.get("thresholds") or {}),
         router=_section(RouterParams, raw.get("router")),
         self_drafter=_section(SelfDrafterParams, models.get("self_drafter")),
+        batch_table=_section(BatchTableParams, raw.get("batch_table")),
         raw=raw,
     )
 

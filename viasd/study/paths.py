@@ -64,6 +64,13 @@ def threshold_paths(params: Params, task: str, pair: str | None = None, slim: st
 
 
 
+def batch_table_paths(params: Params, pair: str, task: str) -> dict:
+    """`viasd batch-table`'s outputs: one folder per pair and task (its DVC out and Snakemake directory)."""
+    base = params.reports_dir / "batch" / pair / task
+    return {"dir": base, "json": base / "batch.json", "md": base / "batch.md", "png": base / "batch.png"}
+
+
+
 def decode_paths(params: Params, pair: str, task: str, run: str) -> dict:
     base = params.reports_dir / "decode" / pair / task
     return {"rows": base / f"{run}.jsonl", "summary": base / f"{run}.json"}

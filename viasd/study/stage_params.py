@@ -85,6 +85,10 @@ SLICES: dict[str, tuple[tuple[str, ...], Callable[..., dict]]] = {
     "decode": (("pair", "task"), lambda cfg, pair, task: {"seed": cfg["seed"], "decode": cfg["decode"],
                                                           "task": cfg["tasks"][task], "runs": cfg["study"]["runs"],
                                                           **_self_drafter(cfg)}),
+    # the batch table reads the engine options and sd's gamma setting (decode), its own settings, the task's length
+    "batch_table": (("pair", "task"), lambda cfg, pair, task: {
+        "seed": cfg["seed"], "batch_table": cfg.get("batch_table", {}), "decode": cfg["decode"],
+        "max_new_tokens": cfg["tasks"][task].get("max_new_tokens")}),
     "evaluate": (("pair", "task"), lambda cfg, pair, task: {"task": cfg["tasks"][task], "runs": cfg["study"]["runs"]}),
     "report": ((), lambda cfg: {"study": cfg["study"], "thresholds": cfg["thresholds"]}),
 }
@@ -117,6 +121,7 @@ BENCHMARKS = {
     "tune_thresholds": "benchmarks/tune_thresholds/{pair}-{task}.tsv",
     "decode": "benchmarks/decode/{pair}/{task}.tsv",
     "evaluate": "benchmarks/evaluate/{pair}/{task}.tsv",
+    "batch_table": "benchmarks/batch_table/{pair}/{task}.tsv",
     "report": "benchmarks/report.tsv",
 }
 BENCHMARK_COLUMNS = ("s", "h:m:s", "max_rss", "max_vms", "max_uss", "max_pss", "io_in", "io_out", "mean_load",

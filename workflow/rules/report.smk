@@ -8,6 +8,8 @@ rule report:
         thresholds=expand(f"{MODELS}/thresholds/{{pair}}-{{task}}", pair=STUDY["pairs"], task=STUDY["tasks"]),
         # the router's held-out AUC and ECE
         routers=expand(f"{MODELS}/routers/{{pair}}", pair=STUDY["pairs"]),
+        # speed against batch size (batch_table.sizes; a file saying it is off when empty)
+        batch=expand(f"{REPORTS}/batch/{{pair}}/{{task}}", pair=STUDY["pairs"], task=STUDY["tasks"]),
         params=params_file("report"),
     output:
         summary=report(f"{REPORTS}/summary.md", caption="../report/summary.rst", category="Summary"),
