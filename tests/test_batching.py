@@ -119,6 +119,41 @@ def test_sampled_rows_follow_the_target_distribution(model_sets, tokenizer, meth
     assert p_value(counts, dist) > ALPHA
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_rows_drafted_by_the_feature_drafter_decode_as_alone(model_sets, tokenizer, arch):
+    """The feature drafter in a batch: its body's passes shared, its inputs and head per row, each row's trunk
+    features cut from the batched trunk pass. Greedy `sd` rows equal transformers' greedy decode alone, tiered
+    `viasd` rows and sampled rows their own decodes alone; the capture hooks leave."""
+    from test_feature_drafter import drafter_for
+
+    from viasd import RoutingMask, SlimVerifier, decode
+    from viasd.decoding.engine import decode_batch
+
+    models = model_sets(arch)
+    drafter = drafter_for(models)
+    slim = SlimVerifier(models.target, RoutingMask.from_layers([0, 1], models.target.config.num_hidden_layers))
+    ids = [tokenizer(p)["input_ids"] for p in BATCH_PROMPTS]
+    reference = [hf_greedy(models, i, N_NEW, None) for i in ids]
+    tiers = {"reuse": True, "score": "ratio_argmax", "verify_lagged": True}
+    for policy, lossless in [(_policy("sd", eos_token_ids=()), True),
+                             (_policy("viasd", eos_token_ids=(), tau_accept=0.5, tau_slim=0.5, **tiers), False),
+                             (_policy("sd", eos_token_ids=(), sampling=SamplingConfig(temperature=1.0), seed=3), False)]:
+        slims = [slim] if policy.method == "viasd" else []
+        from dataclasses import replace
+
+        alone = reference if lossless else [
+            decode(p, replace(policy, seed=policy.seed + i), models.target, models.vocab_size, draft=drafter,
+                   slims=slims).token_ids for i, p in enumerate(ids)]
+        for batch_size in (2, len(ids)):
+            rows, stats = decode_batch(ids, policy, models.target, models.vocab_size, draft=drafter, slims=slims,
+                                       batch_size=batch_size)
+            assert [r.token_ids for r in rows] == alone, (policy.method, policy.tau_accept, batch_size)
+            assert stats.passes["feature"] < sum(r.stats.passes["feature"] for r in rows)  # shared passes
+    stack = models.target.model.layers
+    assert not [h for layer in stack for h in layer._forward_hooks.values()
+                if getattr(h, "__qualname__", "").startswith("TrunkFeatures")]
+
+
 def test_what_cannot_batch_says_so(model_sets, tokenizer):
     ids = [tokenizer(p)["input_ids"] for p in PROMPTS[:2]]
     with pytest.raises(PolicyError, match="sliding-window"):

@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..errors import PolicyError
 from .ragged_cache import Feed, RowCache, ragged_cache, ragged_layers
 from .runner import ModelRunner
 
@@ -84,11 +83,13 @@ _GO = object()  # what the scheduler hands back once every row is there
 
 class _Output:
     """A row's slice of a batched output, as the runner reads it (`.logits` `[1, k, V]` or
-    `.last_hidden_state` `[1, w, H]`)."""
+    `.last_hidden_state` `[1, w, H]`); `batch_slice` `(r, c)`: the row's place in the pass, row `r` from column `c`
+    on, where a runner cuts its slice of what forward hooks saw of the whole pass (`feature_drafter.TrunkFeatures`)."""
 
-    def __init__(self, logits=None, last_hidden_state=None):
+    def __init__(self, logits=None, last_hidden_state=None, batch_slice=None):
         self.logits = logits
         self.last_hidden_state = last_hidden_state
+        self.batch_slice = batch_slice
 
 
 class _Group:
@@ -156,7 +157,8 @@ class _Group:
             if c.keep:
                 results.append(_Output(logits=out.logits[r : r + 1, keep - c.keep :]))
             else:
-                results.append(_Output(last_hidden_state=out.last_hidden_state[r : r + 1, width - c.tokens.shape[1] :]))
+                start = width - c.tokens.shape[1]
+                results.append(_Output(last_hidden_state=out.last_hidden_state[r : r + 1, start:], batch_slice=(r, start)))
         return results
 
     def _clock(self) -> float:
@@ -228,11 +230,8 @@ class Batch:
     def bind(self, runner: ModelRunner, slot: int) -> None:
         """Route `runner`'s passes through the batch: its model becomes the row's door to the group of runners
         of its name over its module, its cache that group's handle for `slot`."""
-        from .feature_drafter import FeatureDraftRunner
         from .reuse import ExitRunner
 
-        if isinstance(runner, FeatureDraftRunner):
-            raise PolicyError("batched decoding does not take the feature drafter yet: decode its prompts one at a time")
         if isinstance(runner, ExitRunner):  # the exit head: a norm and an LM-head product on the trunk's rows, per row
             return
         key = (runner.name, id(runner.model))

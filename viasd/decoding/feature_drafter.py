@@ -108,11 +108,17 @@ class FeatureDrafter(nn.Module):
         """`features` `[B, T, F*H]` (the trunk's, fused here) or, with `own`, `[B, T, H]` (its own outputs);
         `tokens` `[B, T]`; `cache`: the body's KV cache (its positions continue from the cache's length).
         Returns the logits `[B, T', V]` of the last `logits_to_keep` positions (0: all) and `g` `[B, T, H]`."""
-        f = features if own else self.fuse(features)
-        u = self.w_in(torch.cat([f, self.embed(tokens).to(f.dtype)], dim=-1))
+        u = self.inputs(features, tokens, own)
         g = self.body(inputs_embeds=u, cache=cache, use_cache=cache is not None).last_hidden_state
         rows = g[:, -logits_to_keep:] if logits_to_keep else g
         return self.head(rows), g
+
+    def inputs(self, features: torch.Tensor, tokens: torch.Tensor, own: bool = False) -> torch.Tensor:
+        """The body's inputs `u` `[B, T, H]`: `W_in [fuse(f_t) ; e(x_{t+1})]`, or with `own` `W_in [g_{t-1} ;
+        e(x_{t+1})]` (`features` then the drafter's own outputs `[B, T, H]`). Per position, no attention: the
+        runner computes them per row and runs only the body over a batch."""
+        f = features if own else self.fuse(features)
+        return self.w_in(torch.cat([f, self.embed(tokens).to(f.dtype)], dim=-1))
 
     def new_cache(self):
         from transformers import DynamicCache
@@ -167,10 +173,14 @@ class TrunkFeatures:
                 self.outputs[i] = output[0] if isinstance(output, tuple) else output
         return keep
 
-    def take(self) -> torch.Tensor:
-        """The captured outputs concatenated over the layers: `[B, T, F*H]`."""
+    def take(self, batch_slice: tuple[int, int] | None = None) -> torch.Tensor:
+        """The captured outputs concatenated over the layers: `[B, T, F*H]`; of a batched pass (`batch_slice`
+        `(r, c)`: its row `r` from column `c`, `batching._Output`) this row's `[1, T', F*H]`."""
         out = torch.cat([self.outputs[i] for i in self.layers], dim=-1)
         self.outputs = {}
+        if batch_slice is not None:
+            r, c = batch_slice
+            out = out[r : r + 1, c:]
         return out
 
     def remove(self) -> None:
@@ -187,8 +197,11 @@ class FeatureDraftRunner(ModelRunner):
     next block re-reads the trunk's features there. `forward(ids, upto, 1)` returns the logits of `x_upto`."""
 
     def __init__(self, drafter: FeatureDrafter, trunk, vocab_size: int, exact_timing: bool = True):
-        # its own layout name: the cost model prices a pass by `name:layers`, and a one-layer draft model is `draft:1`
-        super().__init__("feature", drafter, drafter.new_cache, vocab_size, exact_timing, layers=1)
+        # its own layout name: the cost model prices a pass by `name:layers`, and a one-layer draft model is `draft:1`.
+        # Its model is the body (the one decoder layer, the only part that attends): the inputs `u` and the LM head
+        # are per position, computed on this row's tensors, so a batched decode shares the body's passes only
+        super().__init__("feature", drafter.body, drafter.new_cache, vocab_size, exact_timing, layers=1)
+        self.drafter = drafter
         self.trunk = trunk
         self.positions = 0
         self.exact = 0
@@ -238,18 +251,21 @@ class FeatureDraftRunner(ModelRunner):
             true_end = min(last + 1, self.trunk.cached)
         if true_end > self.positions:
             a, b = self.positions, true_end
-            with self.timed(b - a):
-                out, g = self.model(self.trunk.features[:, a:b], ids[:, a + 1 : b + 1], cache=self.cache,
-                                    logits_to_keep=1)  # the head on the last row only: the next draft token's
-            logits = out[0, :, : self.vocab_size].float()
+            with self.timed(b - a):  # the head on the last row only: the next draft token's
+                logits, g = self._pass(self.drafter.inputs(self.trunk.features[:, a:b], ids[:, a + 1 : b + 1]))
             self._advanced(b - a, g, exact=True)
         while self.positions <= last:
             t = self.positions
             with self.timed(1):
-                out, g = self.model(self.g, ids[:, t + 1 : t + 2], cache=self.cache, own=True)
-            logits = out[0, :, : self.vocab_size].float()
+                logits, g = self._pass(self.drafter.inputs(self.g, ids[:, t + 1 : t + 2], own=True))
             self._advanced(1, g, exact=False)
         return logits
+
+    def _pass(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The body over `u` `[1, T, H]` on this row's cache, then the LM head on its last position: returns the
+        float32 logits `[1, V]` and `g` `[1, T, H]` (as `FeatureDrafter.forward` with `logits_to_keep=1`)."""
+        g = self.model(inputs_embeds=u, cache=self.cache, use_cache=True).last_hidden_state
+        return self.drafter.head(g[:, -1:])[0, :, : self.vocab_size].float(), g
 
     def _advanced(self, count: int, g: torch.Tensor, exact: bool) -> None:
         if exact and self.exact == self.positions:

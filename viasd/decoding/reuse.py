@@ -200,13 +200,13 @@ class TrunkRunner(ModelRunner):
             if self.capture is not None:
                 self.capture.capturing = True
             try:
-                h = self.model(input_ids=ids[:, self.cached : upto], cache=self.cache, use_cache=True).last_hidden_state
+                out = self.model(input_ids=ids[:, self.cached : upto], cache=self.cache, use_cache=True)
             finally:
                 if self.capture is not None:
                     self.capture.capturing = False
-            self.hidden[:, self.cached : upto] = h
-            if self.capture is not None:
-                self.features[:, self.cached : upto] = self.capture.take()
+            self.hidden[:, self.cached : upto] = out.last_hidden_state
+            if self.capture is not None:  # in a batched decode the hooks saw the whole pass: this row's slice
+                self.features[:, self.cached : upto] = self.capture.take(getattr(out, "batch_slice", None))
         self.tokens += upto - self.cached
         self._fed_since_trim += upto - self.cached
         self.cached = upto
