@@ -195,21 +195,31 @@ def test_bench_batch_writes_throughput_against_batch_size(study, capsys):
     assert "batch sizes of at least 1" in capsys.readouterr().err
 
 
-def test_the_study_batch_table_stage(study, capsys):
+def test_the_study_batch_table_stage(study, capsys, tmp_path):
     """`viasd batch-table`: the study's speed against batch size for its tuned policies, in its own folder, with the
-    report's part (the answer, the table and the plot) read off it; `batch_table.sizes: []` writes that it is off
-    and decodes nothing, and the report then has no such part."""
+    report's part (the answer, the table and the plot) read off it; without the study's searches it names the
+    stage to run; `batch_table.sizes: []` writes that it is off and decodes nothing, and the report then has no
+    such part."""
     import yaml
+    from study_fixtures import smoke_params
 
     from viasd import config
     from viasd.cli import main
+    from viasd.errors import StudyInputError
     from viasd.report.batch import batch_section
-    from viasd.stages.batch_table import batch_table_record
+    from viasd.stages.batch_table import batch_table_record, run_batch_table_stage
+    from viasd.stages.dimr_search import run_dimr_stage
+    from viasd.stages.train_router import run_router_stage
+    from viasd.stages.tune_thresholds import run_thresholds_stage
     from viasd.study.paths import batch_table_paths
 
-    src_tmp, _ = study
+    with pytest.raises(StudyInputError, match="run `viasd dimr-search --pair smoke` first"):
+        run_batch_table_stage(config.load(smoke_params(tmp_path)), "smoke", "stdlib_continuation")
+    src_tmp, study_params = study
     base = ["--params", str(src_tmp / "params.yaml"), "--no-track"]
-    assert main(["dimr-search", *base]) == 0
+    run_dimr_stage(study_params, progress=False)  # each resumes or finds itself done where another test ran it
+    run_router_stage(study_params, progress=False)
+    run_thresholds_stage(study_params, progress=False, slims=["rules", "main"])
     overlay = src_tmp / "batch-table.yaml"
     overlay.write_text(yaml.safe_dump({"batch_table": {"sizes": [1, 3], "prompts": 3, "max_new_tokens": 6,
                                                        "repeats": 2}}))

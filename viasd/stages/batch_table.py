@@ -22,9 +22,10 @@ With `batch_table.sizes: []` the table is off: batch.json says so and nothing is
 from __future__ import annotations
 
 from ..config import Params
+from ..errors import StudyInputError
 from ..io import write_json
 from ..study.cells import input_files
-from ..study.paths import batch_table_paths, task_split
+from ..study.paths import batch_table_paths, mask_paths, task_split, threshold_paths
 from ..study.record import StageRecord
 
 
@@ -41,6 +42,13 @@ def run_batch_table_stage(params: Params, pair_name: str, task: str, progress: b
                "reason": "batch_table.sizes is empty"}
         write_json(paths["json"], off)
         return {**off, "files": {"json": paths["json"]}}
+    # the study's own policies or none: a missing search would silently bench defaults instead
+    for path, command in ((mask_paths(params, pair.name)["mask"], f"viasd dimr-search --pair {pair.name}"),
+                          (threshold_paths(params, task, pair.name, "main")["json"],
+                           f"viasd tune-thresholds --pair {pair.name} --task {task}")):
+        if not path.exists():
+            raise StudyInputError(f"the batch table decodes the study's tuned policies, and {path} does not exist: "
+                                  f"run `{command}` first")
     files = {k: paths[k] for k in ("json", "md", "png")}
     # `engine`: params.yaml's own (`decode`); the device and dtype the study's models run on
     return run_batch_sweep(params, pair.name, task, list(settings.sizes), settings.prompts, settings.max_new_tokens,
