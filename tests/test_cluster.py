@@ -141,7 +141,7 @@ def test_smoke_study_through_slurm_logging_to_a_postgresql_tracking_server(repo,
         second = run(command, repo, timeout=1800, env=env)
         jobs = slurm_jobs(slurm)
         expected = {"prepare_corpus", "prepare_task", "train_model", "dimr_search", "train_router", "thresholds_search",
-                    "tune_thresholds", "decode", "evaluate", "report"}
+                    "tune_thresholds", "decode", "batch_table", "evaluate", "report"}
         assert _sbatch_rules(jobs) == expected  # every rule ran as an sbatch job
         assert all(j["state"] == "COMPLETED" for j in jobs if j["id"] != job["id"] and j["state"] != "CANCELLED")
         assert any(j["comment"] == job["comment"] and j["state"] == "COMPLETED" for j in jobs)  # the cancelled search

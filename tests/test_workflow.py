@@ -197,7 +197,7 @@ def test_smoke_study_killed_resumed_tracked_and_reported(repo):
 
     again = snakemake(repo, "--cores", "2", "all", *SMOKE)
     assert "Nothing to be done" in again.stdout + again.stderr
-    # a task's prompt count re-runs that task's prompts, decodes, evaluations and the report: no training,
+    # a task's prompt count re-runs that task's prompts, decodes, batch table, evaluations and the report: no training,
     # no mask search, no threshold search (it reads the dev prompts, untouched)
     # (edited in the smoke file itself: another --configfile would change every job's command line)
     original = (repo / "config" / "smoke.yaml").read_text()
@@ -207,7 +207,7 @@ def test_smoke_study_killed_resumed_tracked_and_reported(repo):
     planned = snakemake(repo, "-n", "all", *SMOKE)
     (repo / "config" / "smoke.yaml").write_text(original)
     rules = planned_rules(planned.stdout + planned.stderr)
-    assert rules == {"prepare_task", "decode", "evaluate", "report", "all"}, rules
+    assert rules == {"prepare_task", "decode", "batch_table", "evaluate", "report", "all"}, rules
 
     from mlflow.tracking import MlflowClient
 

@@ -122,6 +122,7 @@ def expected_run_names(pair="smoke", task="stdlib_continuation") -> list[str]:
     # each search run as a job of its own first (thresholds.split_searches)
     names += [f"tune_thresholds/{pair}/{task}/search-{slim}" for slim in ("rules", "main", "mask_random", "independent")]
     names += [f"{stage}/{pair}/{task}/{run}" for stage in ("decode", "evaluate") for run in SMOKE_RUNS]
+    names += [f"batch_table/{pair}/{task}"]
     return sorted(names)
 
 

@@ -60,6 +60,9 @@ def _task_split(cfg: dict, task: str, split: str) -> dict:
     return {k: v for k, v in cfg["tasks"][task].items() if k != f"{other}_prompts"}
 
 
+# the keys of `decode` the batch table reads (dvc.yaml's batch_table stage lists the same)
+BATCH_TABLE_DECODE = ("sd_gamma", "reuse", "cache", "compile", "generation_config", "generation")
+
 # rule -> (its wildcards in file-name order, its slice of the merged parameters)
 SLICES: dict[str, tuple[tuple[str, ...], Callable[..., dict]]] = {
     "prepare_corpus": ((), lambda cfg: {"seed": cfg["seed"], "data": cfg["data"]}),
@@ -85,9 +88,11 @@ SLICES: dict[str, tuple[tuple[str, ...], Callable[..., dict]]] = {
     "decode": (("pair", "task"), lambda cfg, pair, task: {"seed": cfg["seed"], "decode": cfg["decode"],
                                                           "task": cfg["tasks"][task], "runs": cfg["study"]["runs"],
                                                           **_self_drafter(cfg)}),
-    # the batch table reads the engine options and sd's gamma setting (decode), its own settings, the task's length
+    # the batch table reads of `decode` sd's gamma setting and the engine options (the tuned policies' own fields
+    # come from the thresholds files), its own settings, the task's length
     "batch_table": (("pair", "task"), lambda cfg, pair, task: {
-        "seed": cfg["seed"], "batch_table": cfg.get("batch_table", {}), "decode": cfg["decode"],
+        "seed": cfg["seed"], "batch_table": cfg.get("batch_table", {}),
+        "decode": {k: v for k, v in cfg["decode"].items() if k in BATCH_TABLE_DECODE},
         "max_new_tokens": cfg["tasks"][task].get("max_new_tokens")}),
     "evaluate": (("pair", "task"), lambda cfg, pair, task: {"task": cfg["tasks"][task], "runs": cfg["study"]["runs"]}),
     "report": ((), lambda cfg: {"study": cfg["study"], "thresholds": cfg["thresholds"]}),
