@@ -16,17 +16,22 @@ Outputs (a folder per pair and task):
                                            intervals (rounds as the units); every method's quality
   reports/batch/<pair>/<task>/batch.md     the same as a table
   reports/batch/<pair>/<task>/batch.png    throughput and the ratios against batch size
-With `batch_table.sizes: []` the table is off: batch.json says so and nothing is decoded.
+With `batch_table.sizes: []` the table is off: batch.json says so and nothing is decoded; so it does, with the
+reason, for a pair that cannot decode in batches (encoder-decoder, sliding-window layers).
 """
 
 from __future__ import annotations
 
+import logging
+
 from ..config import Params
-from ..errors import StudyInputError
+from ..errors import PolicyError, StudyInputError
 from ..io import write_json
 from ..study.cells import input_files
 from ..study.paths import batch_table_paths, mask_paths, task_split, threshold_paths
 from ..study.record import StageRecord
+
+log = logging.getLogger(__name__)
 
 
 def run_batch_table_stage(params: Params, pair_name: str, task: str, progress: bool = True) -> dict:
@@ -51,8 +56,20 @@ def run_batch_table_stage(params: Params, pair_name: str, task: str, progress: b
                                   f"run `{command}` first")
     files = {k: paths[k] for k in ("json", "md", "png")}
     # `engine`: params.yaml's own (`decode`); the device and dtype the study's models run on
-    return run_batch_sweep(params, pair.name, task, list(settings.sizes), settings.prompts, settings.max_new_tokens,
-                           settings.repeats, None, params.device, "auto", progress=progress, paths=files)
+    try:
+        return run_batch_sweep(params, pair.name, task, list(settings.sizes), settings.prompts,
+                               settings.max_new_tokens, settings.repeats, None, params.device, "auto",
+                               progress=progress, paths=files)
+    except PolicyError as err:  # a pair that cannot decode in batches (encoder-decoder, sliding-window layers)
+        if max(settings.sizes) == 1:
+            raise
+        log.warning("no batch table for %s on %s: %s", pair.name, task, err)
+        for path in files.values():
+            path.unlink(missing_ok=True)
+        off = {"pair": pair.name, "task": task, "off": True, "batch_sizes": [], "rows": [],
+               "reason": f"this pair does not decode in batches: {err}"}
+        write_json(paths["json"], off)
+        return {**off, "files": {"json": paths["json"]}}
 
 
 def batch_table_record(params: Params, pair_name: str, task: str, result: dict) -> StageRecord:
