@@ -246,7 +246,7 @@ def test_the_study_batch_table_stage(study, capsys, tmp_path):
     overlay.write_text(yaml.safe_dump({"batch_table": {"sizes": []}}))
     assert main(["batch-table", *args]) == 0
     off = json.loads(paths["json"].read_text())
-    assert off["off"] is True and off["rows"] == [] and batch_section(off, "x.png") == []
+    assert off["off"] is True and not off["unsupported"] and off["rows"] == [] and batch_section(off, "x.png") == []
 
 
 def test_batch_table_settings_are_checked_against_the_prompts():

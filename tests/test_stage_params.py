@@ -90,3 +90,14 @@ def test_the_mask_search_reads_only_the_runs_that_need_a_search_of_their_own():
     searched["study"]["runs"] = [*cfg["study"]["runs"], "viasd-prefix_2"]
     for rule in before:
         assert stage_params(searched, rule, pair="default")["searches"] == ["cost_target", "prefix_2"]
+
+
+def test_dvc_lists_the_decode_keys_the_batch_table_reads():
+    """The batch table's slice of `decode` and its DVC stage's params name the same keys, so the two engines re-run
+    it on the same edits."""
+    import yaml
+
+    from viasd.study.stage_params import BATCH_TABLE_DECODE
+
+    listed = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["batch_table"]["params"]
+    assert {p.removeprefix("decode.") for p in listed if p.startswith("decode.")} == set(BATCH_TABLE_DECODE)

@@ -303,7 +303,7 @@ def test_snakemake_study_on_an_encoder_decoder_hub_pair(repo):
     assert sd["quality"]["fidelity"] == 1.0
     # encoder-decoder pairs do not decode in batches: the batch table says so, and the report with it
     batch = json.loads((repo / "reports-smoke" / "batch" / "t5" / "stdlib_continuation" / "batch.json").read_text())
-    assert batch["off"] and "encoder-decoder" in batch["reason"]
+    assert batch["off"] and batch["unsupported"] and "encoder-decoder" in batch["reason"]
     assert "not measured, this pair does not decode in batches" in (repo / "reports-smoke" / "summary.md").read_text()
     # viasd bench on the pair: every method and transformers' greedy and assisted generation, same outputs
     run([str(BIN / "viasd"), "bench", "--params", "params.yaml", "--config", "config/smoke.yaml", "--config", "t5.yaml",

@@ -24,7 +24,7 @@ def batch_section(result: dict | None, plot: str) -> list[str]:
     """The report's part for one pair and task: nothing when the table was not made or is off (`batch_table.sizes`
     empty), the reason when the pair cannot decode in batches; else the answer, the table
     (`bench.batch.batch_markdown`, its title as a sentence) and the plot (`plot`: its path relative to the summary)."""
-    if result and result.get("off") and result.get("reason", "").startswith("this pair"):
+    if result and result.get("unsupported"):
         return [f"Speed against batch size: not measured, {result['reason']}.\n"]
     if not result or result.get("off") or not result.get("rows"):
         return []

@@ -43,10 +43,7 @@ def run_batch_table_stage(params: Params, pair_name: str, task: str, progress: b
     pair = params.pair(pair_name)
     paths = batch_table_paths(params, pair.name, task)
     if not settings.sizes:
-        off = {"pair": pair.name, "task": task, "off": True, "batch_sizes": [], "rows": [],
-               "reason": "batch_table.sizes is empty"}
-        write_json(paths["json"], off)
-        return {**off, "files": {"json": paths["json"]}}
+        return _off(paths, pair.name, task, "batch_table.sizes is empty", unsupported=False)
     # the study's own policies or none: a missing search would silently bench defaults instead
     for path, command in ((mask_paths(params, pair.name)["mask"], f"viasd dimr-search --pair {pair.name}"),
                           (threshold_paths(params, task, pair.name, "main")["json"],
@@ -66,10 +63,16 @@ def run_batch_table_stage(params: Params, pair_name: str, task: str, progress: b
         log.warning("no batch table for %s on %s: %s", pair.name, task, err)
         for path in files.values():
             path.unlink(missing_ok=True)
-        off = {"pair": pair.name, "task": task, "off": True, "batch_sizes": [], "rows": [],
-               "reason": f"this pair does not decode in batches: {err}"}
-        write_json(paths["json"], off)
-        return {**off, "files": {"json": paths["json"]}}
+        return _off(paths, pair.name, task, f"this pair does not decode in batches: {err}", unsupported=True)
+
+
+def _off(paths: dict, pair: str, task: str, reason: str, unsupported: bool) -> dict:
+    """Write the file that says the table was not made, and why (`unsupported`: the pair cannot batch, which the
+    report says; else the table is switched off)."""
+    off = {"pair": pair, "task": task, "off": True, "unsupported": unsupported, "batch_sizes": [], "rows": [],
+           "reason": reason}
+    write_json(paths["json"], off)
+    return {**off, "files": {"json": paths["json"]}}
 
 
 def batch_table_record(params: Params, pair_name: str, task: str, result: dict) -> StageRecord:

@@ -69,6 +69,12 @@ class RunSpec:
         return "main"
 
     @property
+    def own_search(self) -> bool:
+        """Its slim needs a DIMR search of its own: another cost function (`cost_<fn>`) or a kept prefix
+        (`prefix_<n>`); whether that search is the main one depends on `dimr` (`stages.dimr_search.grid_searches`)."""
+        return bool(self.ablation) and (self.ablation.startswith("cost_") or self.prefix is not None)
+
+    @property
     def prefix(self) -> int | None:
         match = _PREFIX.match(self.ablation or "")
         return int(match.group(1)) if match else None

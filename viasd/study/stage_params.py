@@ -27,6 +27,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from ..config import DecodeParams
 from ..io import write_text
 
 ROOT = Path(".viasd") / "params"  # beside params.yaml
@@ -50,9 +51,7 @@ def _own_searches(cfg: dict) -> list[str]:
     search and nothing after it."""
     from .runs import parse_run
 
-    specs = [parse_run(run) for run in cfg["study"]["runs"]]
-    return sorted({s.ablation for s in specs
-                   if s.ablation and (s.ablation.startswith("cost_") or s.prefix is not None)})
+    return sorted({spec.ablation for spec in map(parse_run, cfg["study"]["runs"]) if spec.own_search})
 
 
 def _task_split(cfg: dict, task: str, split: str) -> dict:
@@ -60,8 +59,9 @@ def _task_split(cfg: dict, task: str, split: str) -> dict:
     return {k: v for k, v in cfg["tasks"][task].items() if k != f"{other}_prompts"}
 
 
-# the keys of `decode` the batch table reads (dvc.yaml's batch_table stage lists the same)
-BATCH_TABLE_DECODE = ("sd_gamma", "reuse", "cache", "compile", "generation_config", "generation")
+# the keys of `decode` the batch table reads: sd's gamma setting and the engine options (dvc.yaml's batch_table
+# stage lists the same; tests/test_stage_params.py checks it)
+BATCH_TABLE_DECODE = ("sd_gamma", *DecodeParams().engine())
 
 # rule -> (its wildcards in file-name order, its slice of the merged parameters)
 SLICES: dict[str, tuple[tuple[str, ...], Callable[..., dict]]] = {
