@@ -71,14 +71,15 @@ def load_bench_models(params: Params, pair_name: str | None, device: str, dtype:
     return pair, models
 
 
-def bench_prompts(params: Params, models, task: str, n: int, length: int | None = None) -> list[list[int]]:
-    """`n` prompts of the task's test split, token ids from the benchmarked pair's tokenizer (or the
-    stored ids of prompts cut from a token stream); with `length`, windows of that many tokens from the
-    test corpus instead (the prompt-length sweep)."""
+def bench_prompts(params: Params, models, task: str, n: int, length: int | None = None,
+                  split: str = "test") -> list[list[int]]:
+    """`n` prompts of the task's `split` (the test split unless a choice is being made on dev), token ids from the
+    benchmarked pair's tokenizer (or the stored ids of prompts cut from a token stream); with `length`, windows of
+    that many tokens from the test corpus instead (the prompt-length sweep)."""
     from ..tasks import load_examples
 
     if length is None:
-        examples = load_examples(params.data.dir, task, "test")[:n]
+        examples = load_examples(params.data.dir, task, split)[:n]
         return [e.prompt_ids if e.prompt_ids is not None else models.encode(e.prompt) for e in examples]
     import pyarrow.parquet as pq
 
@@ -129,16 +130,17 @@ def baseline_settings(params: Params, pair: str, task: str) -> dict[str, dict]:
     return out
 
 
-def bench_groups(params: Params, task: str, n: int) -> list[str]:
-    """The source-file group of each of the first `n` test prompts (the speed intervals' clusters)."""
+def bench_groups(params: Params, task: str, n: int, split: str = "test") -> list[str]:
+    """The source-file group of each of the first `n` prompts of `split` (the speed intervals' clusters)."""
     from ..tasks import get_task, load_examples
 
     spec = get_task(task)
-    return [str(spec.group(e)) for e in load_examples(params.data.dir, task, "test")[:n]]
+    return [str(spec.group(e)) for e in load_examples(params.data.dir, task, split)[:n]]
 
 
-def task_references(params: Params, task: str, n: int, max_new: int) -> tuple[list[str] | None, str | None]:
-    """The references of the first `n` test prompts and the task's main metric, for quality beside speed
+def task_references(params: Params, task: str, n: int, max_new: int, split: str = "test"
+                    ) -> tuple[list[str] | None, str | None]:
+    """The references of the first `n` prompts of `split` and the task's main metric, for quality beside speed
     (None when the task has no text metric)."""
     from ..metrics.quality import main_metric
     from ..tasks import get_task, load_examples
@@ -146,7 +148,7 @@ def task_references(params: Params, task: str, n: int, max_new: int) -> tuple[li
     metric = main_metric(get_task(task).metrics)
     if metric is None or metric == "pass_at_1":  # pass@1 needs the task's tests and stop rules: see the study
         return None, None
-    return [e.reference for e in load_examples(params.data.dir, task, "test")[:n]], metric
+    return [e.reference for e in load_examples(params.data.dir, task, split)[:n]], metric
 
 
 def default_methods(params: Params) -> list[str]:
@@ -165,7 +167,7 @@ def _prefix_slim(models) -> bool:
 
 
 def study_table(params: Params, pair: str, models, task: str, methods: list[str], gamma: int, source: str,
-                max_new: int, engine: dict) -> tuple[list[str], list, dict]:
+                max_new: int, engine: dict, tree: dict | None = None) -> tuple[list[str], list, dict]:
     """The benchmark methods with the study's settings: the tuned `viasd`, `viasd-rules`, `viasd-drafter_feature` and
     `viasd-drafter_self` (at `models.self_drafter`'s layers) from their own searches (left out where a search did not
     run), the lossless baselines at their own best settings on dev (where `sd` runs at its best gamma), `spec_cascade`
@@ -181,13 +183,16 @@ def study_table(params: Params, pair: str, models, task: str, methods: list[str]
     tuned = tuned_settings(params, pair, task, required=False)
     own = baseline_settings(params, pair, task) if source == "SD's best on dev" else {}
     table = method_table(models, methods, gamma, max_new, tuned, params.decode.spec_cascade(), engine, variants,
-                         floor_budget(fidelity_floor(params)), own)
+                         floor_budget(fidelity_floor(params)), own, tree)
     return methods, table, own
 
 
 def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: list[str], prompts: int,
                     max_new_tokens: int | None, repeats: int, gamma: int | None, device: str, dtype: str,
-                    progress: bool = True, engine: dict | None = None, draft_layers: str | None = None) -> dict:
+                    progress: bool = True, engine: dict | None = None, draft_layers: str | None = None,
+                    tree: dict | None = None, split: str = "test") -> dict:
+    """The bench (`viasd bench`): `methods` on the first `prompts` prompts of the task's `split` (test; dev where a
+    choice is being made, e.g. whether a draft tree pays), timed side by side with quality beside speed."""
     pair, models = load_bench_models(params, pair_name, device, dtype, draft_layers)
     if "hf_early_exit" in methods and methods == default_methods(params) and not _prefix_slim(models):
         log.info("hf_early_exit left out: the pair's slim does not keep a prefix of the target's layers")
@@ -195,17 +200,21 @@ def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: l
     engine = engine_options(params, engine)
     gamma, source = bench_gamma(params, pair.name, task, gamma)
     max_new = max_new_tokens or params.max_new_tokens(task)
-    methods, table, own = study_table(params, pair.name, models, task, methods, gamma, source, max_new, engine)
-    references, metric = task_references(params, task, prompts, max_new)
-    result = run_benchmark(models, bench_prompts(params, models, task, prompts), table, max_new, repeats, progress,
-                           references, metric, bench_groups(params, task, prompts))
+    methods, table, own = study_table(params, pair.name, models, task, methods, gamma, source, max_new, engine, tree)
+    references, metric = task_references(params, task, prompts, max_new, split)
+    result = run_benchmark(models, bench_prompts(params, models, task, prompts, split=split), table, max_new, repeats,
+                           progress, references, metric, bench_groups(params, task, prompts, split))
     weight = next(models.target.parameters())
     result.update({"pair": pair.name, "task": task, "prompts": prompts, "max_new_tokens": max_new, "gamma": gamma,
                    "gamma_source": source, "baseline_settings": {m: v for m, v in own.items() if m in methods},
-                   "repeats": repeats, **engine, "device": str(weight.device), "dtype": str(weight.dtype), "slim_layers": (
-                       list(models.slims[0].mask.keep_layers) if models.slims else None)})
-    paths = bench_paths(params, pair.name, task, **engine, **run_setting(models))
-    write_text(paths["md"], markdown(result, f"viasd bench: {pair.name} on {task}, {prompts} prompts x {max_new} "
+                   "repeats": repeats, "split": split, **engine, "device": str(weight.device),
+                   "dtype": str(weight.dtype),
+                   "slim_layers": list(models.slims[0].mask.keep_layers) if models.slims else None})
+    if any(m.policy is not None and m.policy.tree_nodes for m in table):
+        result["tree"] = next({"tree_nodes": m.policy.tree_nodes, "tree_top_k": m.policy.tree_top_k} for m in table
+                              if m.policy is not None and m.policy.tree_nodes)
+    paths = bench_paths(params, pair.name, task, **engine, **run_setting(models), split=split)
+    write_text(paths["md"], markdown(result, f"viasd bench: {pair.name} on {task} ({split}), {prompts} prompts x {max_new} "
                                               f"tokens, sd at gamma {gamma} ({source}), {result['device']}, "
                                               f"{result['dtype']}"))
     write_json(paths["json"], result)
@@ -221,10 +230,11 @@ def _best(key: str, result: dict) -> str:
 def bench_record(result: dict) -> StageRecord:
     """A benchmark as an MLflow run: its settings, every ratio, speed, efficiency and quality measure."""
     methods = result["methods"]
+    split = result.get("split", "test")
     return StageRecord(
-        "bench", f"bench/{result['pair']}/{result['task']}",
-        {k: result[k] for k in ("prompts", "max_new_tokens", "gamma", "repeats", "device", "dtype", "cache", "compile",
-                                "reuse")},
+        "bench", f"bench/{result['pair']}/{result['task']}" + ("" if split == "test" else f"/{split}"),
+        {**{k: result[k] for k in ("prompts", "max_new_tokens", "gamma", "repeats", "device", "dtype", "cache",
+                                   "compile", "reuse")}, "split": split, **result.get("tree", {})},
         {f"ratio.{k}": v for k, v in result["ratios"].items()}
         | {f"ratio.{k}.round_{end}": v[end] for k, v in result.get("ratio_rounds", {}).items() for end in ("min", "max")}
         | {f"interval.{_best(k, result)}.{end}": v[end] for k, v in result.get("intervals", {}).items() if v

@@ -25,6 +25,11 @@ FEATURE_VARIANTS = ("sd" + FEATURE, "viasd" + FEATURE)
 # middle tier) with the draft model's tuned thresholds: no search has tuned them for this drafter
 SELF = "-drafter_self"
 SELF_VARIANTS = ("sd" + SELF, "viasd" + SELF)
+# `sd` drafting a tree (`draft_tree.py`) with each drafter, at the bench's `tree` shape (`--tree-nodes`, `--tree-top-k`),
+# beside the same drafter's chain at the same gamma
+TREE = "sd-tree"
+TREE_VARIANTS = (TREE, TREE + FEATURE, TREE + SELF)
+DEFAULT_TREE = {"tree_nodes": 16, "tree_top_k": 4}
 # transformers' own: greedy generate, assisted generation with the draft (its heuristic schedule, and a fixed
 # `gamma` tokens per round), and its self-speculation (`assistant_early_exit`: the target's first layers draft)
 HF = ("hf_ar", "hf_assisted", "hf_assisted_fixed", "hf_assisted_heuristic", "hf_early_exit")
@@ -50,12 +55,13 @@ class BenchMethod:
 def method_table(models: ModelSet, names: list[str], gamma: int, max_new_tokens: int, viasd: dict | None = None,
                  spec_cascade: dict | None = None, engine: dict | None = None,
                  variants: dict[str, dict] | None = None, oracle_budget: float | None = None,
-                 baselines: dict[str, dict] | None = None) -> list[BenchMethod]:
+                 baselines: dict[str, dict] | None = None, tree: dict | None = None) -> list[BenchMethod]:
     """The benchmark's methods: ours with `gamma` (viasd with its tuned thresholds when given; `variants`:
     the settings of `VIASD_VARIANTS`, e.g. the rules' own tuned thresholds; `oracle_budget`: the budgeted
     oracle's, `1 - ` the fidelity floor; `baselines`: a lossless baseline's own settings over `gamma`, e.g.
-    self_sd's and cascade_sd's best on dev), and HF's."""
-    out = _methods(models, names, gamma, max_new_tokens, viasd, spec_cascade, engine, variants, oracle_budget, baselines)
+    self_sd's and cascade_sd's best on dev; `tree`: the `TREE_VARIANTS`' `tree_nodes` and `tree_top_k`), and HF's."""
+    out = _methods(models, names, gamma, max_new_tokens, viasd, spec_cascade, engine, variants, oracle_budget, baselines,
+                   tree)
     if any(m.name not in DRAFTLESS and (m.policy is None or m.policy.drafter == "model") for m in out) \
             and models.draft is None:
         raise BenchError("the speculative methods but self_sd and the -drafter_ ones need a draft model")
@@ -65,13 +71,17 @@ def method_table(models: ModelSet, names: list[str], gamma: int, max_new_tokens:
 def _methods(models: ModelSet, names: list[str], gamma: int, max_new_tokens: int, viasd: dict | None = None,
              spec_cascade: dict | None = None, engine: dict | None = None,
              variants: dict[str, dict] | None = None, oracle_budget: float | None = None,
-             baselines: dict[str, dict] | None = None) -> list[BenchMethod]:
+             baselines: dict[str, dict] | None = None, tree: dict | None = None) -> list[BenchMethod]:
     """The policies of `method_table`, before its check that a draft model is there for those that need one."""
     base = DecodePolicy(method="ar", gamma=gamma, max_new_tokens=max_new_tokens, eos_token_ids=(), exact_timing=True,
                         **(engine or {}))
     out = []
     for name in names:
-        if name in FEATURE_VARIANTS or name in SELF_VARIANTS:
+        if name in TREE_VARIANTS:  # the same drafter's chain `sd` at the same settings, drafting a tree
+            (chain,) = _methods(models, ["sd" + name[len(TREE):]], gamma, max_new_tokens, viasd, spec_cascade, engine,
+                                variants, oracle_budget, baselines)
+            out.append(BenchMethod(name, replace(chain.policy, **{**DEFAULT_TREE, **(tree or {})})))
+        elif name in FEATURE_VARIANTS or name in SELF_VARIANTS:
             # SD and VIA-SD on another drafter: SD at its own best gamma, VIA-SD with its own search's thresholds,
             # where they ran (`baselines`, `variants`)
             drafter, suffix = ("feature", FEATURE) if name in FEATURE_VARIANTS else ("self", SELF)
@@ -107,7 +117,7 @@ def _methods(models: ModelSet, names: list[str], gamma: int, max_new_tokens: int
             out.append(BenchMethod(name, replace(base, method=name, **(baselines or {}).get(name, {}))))
         else:
             raise BenchError(f"unknown benchmark method {name!r}; choose from "
-                             f"{', '.join(METHODS + VIASD_VARIANTS + FEATURE_VARIANTS + SELF_VARIANTS + HF)}")
+                             f"{', '.join(METHODS + VIASD_VARIANTS + FEATURE_VARIANTS + SELF_VARIANTS + TREE_VARIANTS + HF)}")
     if any(m.name in ("cascade_sd", "self_sd", "viasd", *VIASD_VARIANTS) for m in out) and not models.slims:
         raise BenchError("cascade_sd, self_sd and viasd need a slim verifier (a routing mask)")
     return out

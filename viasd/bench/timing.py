@@ -289,7 +289,9 @@ INTERVAL_PAIRS = (("viasd", "sd"), ("sd", "ar"), ("viasd", "ar"), ("viasd-oracle
                   ("sd", "hf_assisted"), ("sd", "hf_assisted_fixed"), ("sd", "hf_assisted_heuristic"),
                   ("sd-drafter_feature", "sd"), ("viasd-drafter_feature", "sd-drafter_feature"),
                   ("viasd-drafter_feature", "sd"), ("sd-drafter_self", "sd"),
-                  ("viasd-drafter_self", "sd-drafter_self"), ("viasd-drafter_self", "sd"))
+                  ("viasd-drafter_self", "sd-drafter_self"), ("viasd-drafter_self", "sd"),
+                  ("sd-tree", "sd"), ("sd-tree-drafter_feature", "sd-drafter_feature"),
+                  ("sd-tree-drafter_self", "sd-drafter_self"), ("sd-tree-drafter_feature", "sd"))
 
 
 def interval_ratios(per_prompt: dict[str, list[list[float]]], groups: list | None) -> dict:

@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 
 
 def add_bench(sub) -> None:
-    from ..bench.methods import FEATURE_VARIANTS, HF, SELF_VARIANTS, VIASD_VARIANTS
+    from ..bench.methods import FEATURE_VARIANTS, HF, SELF_VARIANTS, TREE_VARIANTS, VIASD_VARIANTS
     from ..decoding.policy import METHODS
 
     p = stage_parser(sub, "bench", "speed side by side: our methods vs transformers generate / assisted generation",
@@ -27,9 +27,10 @@ def add_bench(sub) -> None:
     p.add_argument("--gamma", type=int, help="draft block length of sd, cascade_sd and spec_cascade (default: SD's best "
                    "gamma on dev, from the threshold search; decode.sd_gamma when it is a number)")
     p.add_argument("--methods", help="comma-separated (default: all; a sweep: hf_ar,ar,sd,viasd), from: "
-                   + ", ".join(HF + METHODS + VIASD_VARIANTS + FEATURE_VARIANTS + SELF_VARIANTS) + " (the "
-                   "-drafter_feature ones draft with the family's feature drafter, `viasd train-drafter`; the "
-                   "-drafter_self ones with the target's first layers, models.self_drafter or --draft-layers)")
+                   + ", ".join(HF + METHODS + VIASD_VARIANTS + FEATURE_VARIANTS + SELF_VARIANTS + TREE_VARIANTS)
+                   + " (the -drafter_feature ones draft with the family's feature drafter, `viasd train-drafter`; the "
+                   "-drafter_self ones with the target's first layers, models.self_drafter or --draft-layers; the "
+                   "sd-tree ones draft a tree, --tree-nodes and --tree-top-k)")
     p.add_argument("--draft-layers", metavar="0,1",
                    help="the target's layers that draft for the -drafter_self methods instead of models.self_drafter's "
                         "(then without the router and thresholds the study fitted for those; self-speculation; under viasd the "
@@ -49,6 +50,12 @@ def add_bench(sub) -> None:
     p.add_argument("--batch", metavar="B1,B2,...",
                    help="throughput and latency against batch size instead, e.g. 1,2,4,8,16: hf_ar (transformers' batched "
                         "generate), ar, sd and viasd (or --methods) decode the prompts at most B at a time")
+    p.add_argument("--tree-nodes", type=int, default=16,
+                   help="the sd-tree methods: the most draft-tree nodes the full model verifies per block")
+    p.add_argument("--tree-top-k", type=int, default=4,
+                   help="the sd-tree methods: children of each expanded node, and nodes expanded per depth")
+    p.add_argument("--split", choices=["test", "dev"], default="test",
+                   help="the prompts' split: test to report; dev where a choice is being made (e.g. whether a tree pays)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
 
@@ -103,9 +110,12 @@ def _bench(args) -> int:
             print(json.dumps(point))
         print(out["files"]["json"])
         return 0
+    if args.tree_nodes < 1 or args.tree_top_k < 1:
+        raise ViasdError(f"--tree-nodes and --tree-top-k must be at least 1, got {args.tree_nodes} and {args.tree_top_k}")
     result = run_bench_stage(params, pair.name, args.task, chosen or default_methods(params), args.prompts,
                              args.max_new_tokens, args.repeats, args.gamma, args.device, args.dtype, engine=engine,
-                             draft_layers=args.draft_layers)
+                             draft_layers=args.draft_layers,
+                             tree={"tree_nodes": args.tree_nodes, "tree_top_k": args.tree_top_k}, split=args.split)
     for name, row in result["methods"].items():
         tps = row["tokens_per_second"]
         print(f"{name:18s} {tps['median']:8.1f} tok/s  (min {tps['min']:.1f}, max {tps['max']:.1f})  "

@@ -58,6 +58,9 @@ class DecodePolicy:
     shallower routing of the target, a `SlimVerifier` passed to `decode` as the draft, drafting with a cache of its
     own; under `viasd` and the cascades the slim tier must keep more layers than it); `ModelSet.generate` picks the
     module by it.
+    `tree_nodes` (`sd` only; 0 = a chain): draft a tree of at most `tree_nodes` nodes, `gamma` deep, each expanded
+    node with `tree_top_k` children, and verify every node in one full pass (`draft_tree.py`: EAGLE-2's dynamic
+    tree when greedy, SpecInfer's i.i.d. children along a spine when sampling).
     `spec_cascade`: `rule`, `alpha`. `cascade_sd`: `gamma_slim`, the
     number of slim-level tokens collected before the full model verifies (default `2 * gamma`).
     `cache` (`CACHE_KINDS`, see `kv_cache`): `inplace` (buffers for prompt + max_new_tokens + gamma + 1
@@ -93,6 +96,8 @@ class DecodePolicy:
     alpha: float = 0.1
     gamma_slim: int | None = None
     draft_stop: float = 0.0
+    tree_nodes: int = 0
+    tree_top_k: int = 4
     drafter: str = "model"
     exact_timing: bool = True
     cache: str = DEFAULT_CACHE
@@ -151,6 +156,17 @@ class DecodePolicy:
             raise PolicyError(f"draft_stop must be a probability in [0, 1] (0 = off), got {self.draft_stop}")
         if self.drafter not in DRAFTERS:
             raise PolicyError(f"unknown drafter {self.drafter!r}; choose one of {', '.join(DRAFTERS)}")
+        if not isinstance(self.tree_nodes, int) or self.tree_nodes < 0:
+            raise PolicyError(f"tree_nodes must be a whole number >= 0 (0 = chain drafting), got {self.tree_nodes!r}")
+        if not isinstance(self.tree_top_k, int) or self.tree_top_k < 1:
+            raise PolicyError(f"tree_top_k must be a positive integer, got {self.tree_top_k!r}")
+        if self.tree_nodes and self.method != "sd":
+            raise PolicyError(f"a draft tree (tree_nodes > 0) is verified by the full model in one pass: method 'sd' "
+                              f"only, not {self.method!r}")
+        if self.tree_nodes and self.draft_stop:
+            raise PolicyError("tree_nodes and draft_stop both size the draft: set one of them (the other to 0)")
+        if self.tree_nodes and self.cache == "static":
+            raise PolicyError("a draft tree compacts the cache after each block: use cache 'inplace' or 'dynamic'")
         if self.gamma_slim is not None and self.gamma_slim < 1:
             raise PolicyError(f"gamma_slim must be a positive integer, got {self.gamma_slim}")
         taus = self.tau_accept if isinstance(self.tau_accept, (list, tuple)) else (self.tau_accept,)

@@ -118,6 +118,20 @@ class DecodeStats:
             self.bonus += 1
             self.verified += g
 
+    def record_tree_verification(self, m: int, n: int, leaf: bool) -> None:
+        """Count a drafted tree of `m` nodes the full model verified in one pass, accepting a path of `n` nodes
+        (`draft_tree.py`). At a leaf the emitted token is a bonus; else the full model rejected every child of
+        the last accepted node (one replacement). The other nodes are discarded: not on the path, or past it."""
+        self.escalated_blocks += 1
+        self.accepted_full += n
+        self.verified += n + (0 if leaf else 1)
+        if leaf:
+            self.bonus += 1
+            self.discarded += m - n
+        else:
+            self.rejected_full += 1
+            self.discarded += m - n - 1
+
     def layouts(self) -> dict[str, str]:
         """Runner name -> its layout `name:layers` (decoder layers per token it ran), for runners that ran:
         the unit per-pass costs belong to (a full pass and a pass after a shared trunk differ)."""

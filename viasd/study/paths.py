@@ -84,12 +84,12 @@ def eval_path(params: Params, pair: str, task: str, run: str) -> Path:
 
 def bench_paths(params: Params, pair: str, task: str, sweep: str | None = None, cache: str = DEFAULT_CACHE,
                 compile: bool = False, device: str = "cpu", dtype: str = "float32", reuse: bool | None = None,
-                generation_config: bool | None = None, generation: dict | None = None) -> dict:
+                generation_config: bool | None = None, generation: dict | None = None, split: str = "test") -> dict:
     """reports/bench/<pair>-<task>[-sweep-<kind>][-<cache>][-compiled][-reuse|-no_reuse][-<device>][-<dtype>]
-    [-generation-<hash>].{json,md,png}: a cache kind other than `inplace`, torch.compile, reuse other than
-    `decode.reuse`, a device other than the CPU, a dtype other than float32 and generation settings other
-    than `decode.generation_config` / `decode.generation` are in the name, so runs of each setting sit side
-    by side (`device` is a type: `cuda`)."""
+    [-generation-<hash>][-<split>].{json,md,png}: a cache kind other than `inplace`, torch.compile, reuse other than
+    `decode.reuse`, a device other than the CPU, a dtype other than float32, generation settings other
+    than `decode.generation_config` / `decode.generation` and a split other than test are in the name, so runs of
+    each setting sit side by side (`device` is a type: `cuda`)."""
     import hashlib
     import json
 
@@ -103,7 +103,7 @@ def bench_paths(params: Params, pair: str, task: str, sweep: str | None = None, 
     tags = [t for t, default in ((cache, DEFAULT_CACHE), ("compiled" if compile else "", ""),
                                  ("reuse" if reuse else "no_reuse", "reuse" if reuse_default else "no_reuse"),
                                  (device.split(":")[0], "cpu"), (dtype, "float32"),
-                                 (gen_tag if gen != gen_default else "", "")) if t != default]
+                                 (gen_tag if gen != gen_default else "", ""), (split, "test")) if t != default]
     stem = "-".join([f"{pair}-{task}", *([f"sweep-{sweep}"] if sweep else []), *tags])
     return {"json": base / f"{stem}.json", "md": base / f"{stem}.md", "png": base / f"{stem}.png"}
 

@@ -50,7 +50,9 @@ class Session(Protocol):
     the last `rows` logits `[rows, V]` after feeding `ids[cached:upto]`; `rollback(n)`; `cached`).
     `target_model`: the target's `nn.Module` (for a side runner of the method's own, such as the oracle's peek).
     Sampling: `sampler` (greedy or the policy's temperature/top-k/top-p, seeded), `vocab_size`, `device`.
-    `policy` (`DecodePolicy`), `stats` (`DecodeStats`), `capacity` (positions of the buffer)."""
+    `policy` (`DecodePolicy`), `stats` (`DecodeStats`), `capacity` (positions of the buffer).
+    `text_draft`: the draft of another tokenizer (`text_draft.TextDraft`) or None; `batch`: the `batching.Batch` this
+    decode is a row of, or None (one prompt)."""
 
     policy: Any
     ids: torch.Tensor
@@ -68,6 +70,8 @@ class Session(Protocol):
     vocab_size: int
     device: torch.device
     capacity: int
+    text_draft: Any
+    batch: Any
 
     @property
     def remaining(self) -> int: ...
