@@ -118,10 +118,14 @@ def _bench(args) -> int:
                              tree={"tree_nodes": args.tree_nodes, "tree_top_k": args.tree_top_k}, split=args.split)
     for name, row in result["methods"].items():
         tps = row["tokens_per_second"]
+        accepted = row["mean_accepted_length"]
         print(f"{name:18s} {tps['median']:8.1f} tok/s  (min {tps['min']:.1f}, max {tps['max']:.1f})  "
-              f"acceptance {row['acceptance_rate'] if row['acceptance_rate'] is None else round(row['acceptance_rate'], 3)}")
+              f"acceptance {row['acceptance_rate'] if row['acceptance_rate'] is None else round(row['acceptance_rate'], 3)}"
+              f"  accepted/block {accepted if accepted is None else round(accepted, 2)}")
     print(json.dumps({"quality": {k: v["quality"] for k, v in result["methods"].items()},
                       "ratios_model": result["ratios_model"]}))
+    print(json.dumps({"intervals": {k: [round(v[e], 4) if v[e] is not None else None for e in ("ratio", "low", "high")]
+                                    for k, v in result["intervals"].items() if v}}))
     print(json.dumps({"ratios": result["ratios"], "ratio_rounds": result["ratio_rounds"],
                       "efficiency": {k: v["efficiency"] for k, v in result["efficiency"].items()}}))
     for tie in result["numerical_ties"]:

@@ -109,7 +109,7 @@ def allowed_mask(tree: DraftTree, fed: list[int], new: list[int], chain: int = 0
     slot_of = {node: chain + i for i, node in enumerate([*fed, *new])}
     for row, node in enumerate(new, start=chain):
         allowed[row, :chain] = True
-        for a in [*tree.path(node)]:
+        for a in tree.path(node):
             if a in slot_of:
                 allowed[row, slot_of[a]] = True
     return allowed
