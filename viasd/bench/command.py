@@ -211,8 +211,8 @@ def run_bench_stage(params: Params, pair_name: str | None, task: str, methods: l
                    "dtype": str(weight.dtype),
                    "slim_layers": list(models.slims[0].mask.keep_layers) if models.slims else None})
     if any(m.policy is not None and m.policy.tree_nodes for m in table):
-        result["tree"] = next({"tree_nodes": m.policy.tree_nodes, "tree_top_k": m.policy.tree_top_k} for m in table
-                              if m.policy is not None and m.policy.tree_nodes)
+        result["tree"] = next({"tree_nodes": m.policy.tree_nodes, "tree_top_k": m.policy.tree_top_k,
+                               "tree_depth": m.policy.gamma} for m in table if m.policy is not None and m.policy.tree_nodes)
     paths = bench_paths(params, pair.name, task, **engine, **run_setting(models), split=split)
     write_text(paths["md"], markdown(result, f"viasd bench: {pair.name} on {task} ({split}), {prompts} prompts x {max_new} "
                                               f"tokens, sd at gamma {gamma} ({source}), {result['device']}, "

@@ -59,7 +59,8 @@ def method_table(models: ModelSet, names: list[str], gamma: int, max_new_tokens:
     """The benchmark's methods: ours with `gamma` (viasd with its tuned thresholds when given; `variants`:
     the settings of `VIASD_VARIANTS`, e.g. the rules' own tuned thresholds; `oracle_budget`: the budgeted
     oracle's, `1 - ` the fidelity floor; `baselines`: a lossless baseline's own settings over `gamma`, e.g.
-    self_sd's and cascade_sd's best on dev; `tree`: the `TREE_VARIANTS`' `tree_nodes` and `tree_top_k`), and HF's."""
+    self_sd's and cascade_sd's best on dev; `tree`: the `TREE_VARIANTS`' `tree_nodes`, `tree_top_k` and, where given,
+    their depth `gamma`), and HF's."""
     out = _methods(models, names, gamma, max_new_tokens, viasd, spec_cascade, engine, variants, oracle_budget, baselines,
                    tree)
     if any(m.name not in DRAFTLESS and (m.policy is None or m.policy.drafter == "model") for m in out) \

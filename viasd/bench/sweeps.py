@@ -23,23 +23,25 @@ from .frontier import run_frontier
 from .methods import BenchError, method_table
 from .timing import per_token_seconds, run_benchmark
 
-SWEEPS = ("gamma", "length", "prompt", "position", "frontier")
+SWEEPS = ("gamma", "length", "prompt", "position", "frontier", "tree")
 SWEEP_METHODS = ["hf_ar", "ar", "sd", "viasd"]
 
 
 def run_sweep(params: Params, pair_name: str | None, task: str, kind: str, values: list[int], prompts: int,
               max_new_tokens: int | None, repeats: int, gamma: int | None, device: str, dtype: str,
               methods: list[str] | None = None, progress: bool = True, engine: dict | None = None,
-              draft_layers: str | None = None) -> dict:
-    """Tokens/s and peak memory of `methods` against one knob (or, for `position`, milliseconds per
-    generated token with that many tokens already in the cache); a table, JSON and a plot."""
+              draft_layers: str | None = None, tree_top_k: int = 4, split: str = "test") -> dict:
+    """Tokens/s, accepted draft tokens per block and peak memory of `methods` against one knob (or, for `position`,
+    milliseconds per generated token with that many tokens already in the cache); a table, JSON and a plot. `tree`:
+    the `sd-tree` methods' `tree_nodes` (with `tree_top_k`), the chains beside them unchanged. `split`: the prompts'
+    (dev where the sweep makes a choice, such as a tree's shape)."""
     if kind not in SWEEPS:
         raise BenchError(f"unknown sweep {kind!r}; choose from {', '.join(SWEEPS)}")
     pair, models = load_bench_models(params, pair_name, device, dtype, draft_layers)
     if kind == "frontier":
         return run_frontier(params, pair.name, models, task, prompts, max_new_tokens, repeats, gamma, progress, engine)
     engine = engine_options(params, engine)
-    default = ["hf_ar", "ar"] if kind == "position" else SWEEP_METHODS
+    default = {"position": ["hf_ar", "ar"], "tree": ["ar", "sd", "sd-tree"]}.get(kind, SWEEP_METHODS)
     methods = [m for m in (methods or default) if m not in ("cascade_sd", "viasd") or models.slims]
     gamma = gamma or params.decode.gamma
     max_new = max_new_tokens or params.max_new_tokens(task)
@@ -49,10 +51,11 @@ def run_sweep(params: Params, pair_name: str | None, task: str, kind: str, value
         table = method_table(models, methods, gamma, max_new, viasd, params.decode.spec_cascade(),
                              engine)
         for value in values:
-            ms = per_token_seconds(models, table, bench_prompts(params, models, task, prompts, value), repeats=repeats)
+            ms = per_token_seconds(models, table, bench_prompts(params, models, task, prompts, value, split),
+                                   repeats=repeats)
             points.append({kind: value, **{name: {"ms_per_token": 1000 * sec} for name, sec in ms.items()}})
         return _write_sweep(params, pair.name, task, kind, values, methods, points, gamma, max_new, prompts, engine,
-                            run_setting(models))
+                            run_setting(models), split)
     for value in values:
         g, n_new, length = gamma, max_new, None
         if kind == "gamma":
@@ -62,27 +65,34 @@ def run_sweep(params: Params, pair_name: str | None, task: str, kind: str, value
         else:
             length = value
         settings = {**viasd, "gamma": g} if kind == "gamma" else viasd
-        table = method_table(models, methods, g, n_new, settings, params.decode.spec_cascade(), engine)
-        res = run_benchmark(models, bench_prompts(params, models, task, prompts, length), table, n_new, repeats, progress)
+        tree = {"tree_nodes": value, "tree_top_k": tree_top_k} if kind == "tree" else None
+        table = method_table(models, methods, g, n_new, settings, params.decode.spec_cascade(), engine, tree=tree)
+        res = run_benchmark(models, bench_prompts(params, models, task, prompts, length, split), table, n_new, repeats,
+                            progress)
         points.append({kind: value, **{name: {"tokens_per_second": row["tokens_per_second"]["median"],
-                                              "peak_memory_mb": row["peak_memory_mb"]}
+                                              "peak_memory_mb": row["peak_memory_mb"],
+                                              "accepted_per_block": row["mean_accepted_length"]}
                                        for name, row in res["methods"].items()}})
     return _write_sweep(params, pair.name, task, kind, values, methods, points, gamma, max_new, prompts, engine,
-                        run_setting(models))
+                        run_setting(models), split, tree_top_k if kind == "tree" else None)
 
 
-def _write_sweep(params, pair, task, kind, values, methods, points, gamma, max_new, prompts, engine, setting) -> dict:
+def _write_sweep(params, pair, task, kind, values, methods, points, gamma, max_new, prompts, engine, setting,
+                 split: str = "test", tree_top_k: int | None = None) -> dict:
     out = {"pair": pair, "task": task, "sweep": kind, **engine, **setting, "values": values, "methods": methods,
-           "points": points, "gamma": gamma, "max_new_tokens": max_new, "prompts": prompts}
+           "points": points, "gamma": gamma, "max_new_tokens": max_new, "prompts": prompts, "split": split,
+           **({"tree_top_k": tree_top_k} if tree_top_k else {})}
     if kind == "position" and len(points) > 1:
         out["last_vs_first"] = {m: points[-1][m]["ms_per_token"] / points[0][m]["ms_per_token"] for m in methods}
-    paths = bench_paths(params, pair, task, kind, **engine, **setting)
-    unit = "ms per token" if kind == "position" else "tokens/s (peak MB)"
+    paths = bench_paths(params, pair, task, kind, **engine, **setting, split=split)
+    unit = "ms per token" if kind == "position" else "tokens/s (peak MB; accepted draft tokens per block)"
     lines = [f"# {pair} on {task}: {unit} vs {kind}\n", "| " + kind + " | " + " | ".join(methods) + " |",
              "|---|" + "---|" * len(methods)]
     for p in points:
         cells = [f"{p[m]['ms_per_token']:.2f}" if kind == "position" else
-                 f"{p[m]['tokens_per_second']:.1f} ({p[m]['peak_memory_mb'] or 0:.0f})" for m in methods]
+                 f"{p[m]['tokens_per_second']:.1f} ({p[m]['peak_memory_mb'] or 0:.0f}"
+                 + ("" if p[m].get("accepted_per_block") is None else f"; {p[m]['accepted_per_block']:.2f}") + ")"
+                 for m in methods]
         lines.append(f"| {p[kind]} | " + " | ".join(cells) + " |")
     write_text(paths["md"], "\n".join(lines) + "\n")
     _sweep_plot(out, paths["png"])
@@ -108,7 +118,8 @@ def _sweep_plot(out: dict, path) -> None:
     panels += [] if mem is None else [(mem, "peak memory (MB)")]
     for ax, label in panels:
         ax.set_xlabel({"gamma": "gamma (draft block length)", "length": "generated tokens",
-                       "prompt": "prompt tokens", "position": "tokens in the cache"}[kind])
+                       "prompt": "prompt tokens", "position": "tokens in the cache",
+                       "tree": f"draft-tree nodes (top-k {out.get('tree_top_k')})"}[kind])
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     speed.legend(fontsize=8)

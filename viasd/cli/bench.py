@@ -45,7 +45,8 @@ def add_bench(sub) -> None:
     add_generation_args(p)
     p.add_argument("--sweep", metavar="KIND=V1,V2,...",
                    help="scaling run instead: gamma=1,2,4,8 | length=64,128,256,512 | prompt=32,128,384 | "
-                        "position=100,500,1000; or `frontier`: tokens/s vs fidelity and the task metric for ar, sd, "
+                        "position=100,500,1000 | tree=4,8,16 (the sd-tree methods' nodes); or `frontier`: "
+                        "tokens/s vs fidelity and the task metric for ar, sd, "
                         "viasd over its tier thresholds and spec_cascade over its lenience")
     p.add_argument("--batch", metavar="B1,B2,...",
                    help="throughput and latency against batch size instead, e.g. 1,2,4,8,16: hf_ar (transformers' batched "
@@ -54,6 +55,8 @@ def add_bench(sub) -> None:
                    help="the sd-tree methods: the most draft-tree nodes the full model verifies per block")
     p.add_argument("--tree-top-k", type=int, default=4,
                    help="the sd-tree methods: children of each expanded node, and nodes expanded per depth")
+    p.add_argument("--tree-depth", type=int,
+                   help="the sd-tree methods: the tree's depth (default: --gamma, the chains' block length)")
     p.add_argument("--split", choices=["test", "dev"], default="test",
                    help="the prompts' split: test to report; dev where a choice is being made (e.g. whether a tree pays)")
     p.add_argument("--device", default="auto")
@@ -104,18 +107,20 @@ def _bench(args) -> int:
         if not numbers:
             raise ViasdError(f"--sweep {args.sweep}: give values, e.g. {kind or 'gamma'}=1,2,4")
         out = run_sweep(params, pair.name, args.task, kind, numbers, args.prompts, args.max_new_tokens, args.repeats,
-                        args.gamma, args.device, args.dtype, chosen,
-                        engine=engine, draft_layers=args.draft_layers)
+                        args.gamma, args.device, args.dtype, chosen, engine=engine, draft_layers=args.draft_layers,
+                        tree_top_k=args.tree_top_k, split=args.split)
         for point in out["points"]:
             print(json.dumps(point))
         print(out["files"]["json"])
         return 0
-    if args.tree_nodes < 1 or args.tree_top_k < 1:
-        raise ViasdError(f"--tree-nodes and --tree-top-k must be at least 1, got {args.tree_nodes} and {args.tree_top_k}")
+    if args.tree_nodes < 1 or args.tree_top_k < 1 or (args.tree_depth is not None and args.tree_depth < 1):
+        raise ViasdError(f"--tree-nodes, --tree-top-k and --tree-depth must be at least 1, got {args.tree_nodes}, "
+                         f"{args.tree_top_k} and {args.tree_depth}")
     result = run_bench_stage(params, pair.name, args.task, chosen or default_methods(params), args.prompts,
                              args.max_new_tokens, args.repeats, args.gamma, args.device, args.dtype, engine=engine,
                              draft_layers=args.draft_layers,
-                             tree={"tree_nodes": args.tree_nodes, "tree_top_k": args.tree_top_k}, split=args.split)
+                             tree={"tree_nodes": args.tree_nodes, "tree_top_k": args.tree_top_k,
+                                   **({"gamma": args.tree_depth} if args.tree_depth else {})}, split=args.split)
     for name, row in result["methods"].items():
         tps = row["tokens_per_second"]
         accepted = row["mean_accepted_length"]
