@@ -136,13 +136,22 @@ def test_bench_on_the_smoke_family_writes_the_report(study, capsys):
     sweep = json.loads(bench_paths(params, "smoke", "stdlib_continuation", "gamma")["json"].read_text())
     assert [p["gamma"] for p in sweep["points"]] == [1, 2] and "sd" in sweep["points"][0]
     assert bench_paths(params, "smoke", "stdlib_continuation", "gamma")["png"].exists()
+    # a draft tree's shape, chosen on dev: the tree's nodes swept beside the chain, accepted tokens per block beside speed
+    assert main(["bench", *base, "--prompts", "1", "--repeats", "1", "--max-new-tokens", "8", "--gamma", "2",
+                 "--split", "dev", "--tree-top-k", "2", "--sweep", "tree=2,4"]) == 0
+    tree = json.loads(bench_paths(params, "smoke", "stdlib_continuation", "tree-depth2-top_k2", split="dev")["json"].read_text())
+    assert tree["methods"] == ["ar", "sd", "sd-tree"] and [p["tree"] for p in tree["points"]] == [2, 4]
+    assert tree["split"] == "dev" and tree["tree_top_k"] == 2
+    assert all(p["sd-tree"]["accepted_per_block"] >= 0 and p["ar"]["accepted_per_block"] is None for p in tree["points"])
+    assert all(p["intervals"]["sd-tree_vs_sd"]["ratio"] > 0 for p in tree["points"])  # paired, per point
     for kind, values in (("length", [6, 12]), ("prompt", [16, 24])):
         assert main(["bench", *base, "--prompts", "1", "--repeats", "1", "--max-new-tokens", "6", "--methods", "ar,sd",
                      "--sweep", f"{kind}={values[0]},{values[1]}"]) == 0
         swept = json.loads(bench_paths(params, "smoke", "stdlib_continuation", kind)["json"].read_text())
         assert [p[kind] for p in swept["points"]] == values and swept["methods"] == ["ar", "sd"]
         assert all(p[m]["tokens_per_second"] > 0 for p in swept["points"] for m in ("ar", "sd"))
-        assert bench_paths(params, "smoke", "stdlib_continuation", kind)["md"].read_text().count("\n| ") == 3  # header + 2 points
+        table, _, paired = bench_paths(params, "smoke", "stdlib_continuation", kind)["md"].read_text().partition("Paired")
+        assert table.count("\n| ") == 3 and paired.count("\n| ") == 3  # header + 2 points, each table
     assert main(["bench", *base, "--prompts", "1", "--repeats", "1", "--sweep", "position=8,16", "--cache", "static"]) == 0
     position = json.loads(bench_paths(params, "smoke", "stdlib_continuation", "position", "static")["json"].read_text())
     assert set(position["last_vs_first"]) == {"hf_ar", "ar"} and position["cache"] == "static"

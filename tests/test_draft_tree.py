@@ -184,5 +184,26 @@ def test_the_bench_times_a_tree_beside_its_drafters_chain(pair_dirs, tokenizer):
     res = run_benchmark(models, prompts, table, 8, repeats=1, progress=False)
     assert res["methods"]["sd-tree"]["quality"]["fidelity"] == 1.0
     assert res["intervals"]["sd-tree_vs_sd"]["ratio"] > 0 and res["intervals"]["sd-tree-drafter_self_vs_sd-drafter_self"]
+    deeper = method_table(models, ["sd", "sd-tree"], 2, 8, tree={"tree_nodes": 6, "tree_top_k": 2, "gamma": 4})
+    assert [m.policy.gamma for m in deeper] == [2, 4]  # the tree at its own depth beside the chain's block length
     with pytest.raises(BenchError, match="feature drafter"):
         method_table(models, ["sd-tree-drafter_feature"], 3, 8)
+
+
+def test_generate_drafts_a_tree_from_the_command_line(pair_dirs, capsys):
+    """`viasd generate --method sd --tree-nodes N --tree-top-k K`: ar's tokens; a tree under another method is one
+    clear line, not a traceback."""
+    import json
+
+    from viasd.cli import main
+
+    target, draft = pair_dirs("llama")
+    common = ["--target", str(target), "--draft", str(draft), "--max-new-tokens", "12", "--device", "cpu",
+              "--prompt", "def f(x):", "--json"]
+    outs = {}
+    for method, extra in (("ar", []), ("sd", ["--gamma", "3", "--tree-nodes", "6", "--tree-top-k", "2"])):
+        assert main(["generate", *common, "--method", method, *extra]) == 0
+        outs[method] = json.loads(capsys.readouterr().out)
+    assert outs["sd"]["token_ids"] == outs["ar"]["token_ids"] and outs["sd"]["policy"]["tree_nodes"] == 6
+    assert main(["generate", *common, "--method", "viasd", "--keep-layers", "0,2", "--tree-nodes", "6"]) == 2
+    assert "method 'sd' only" in capsys.readouterr().err

@@ -1,7 +1,7 @@
 """`viasd bench --sweep` and `--batch`: tokens/s and peak memory of the methods against one knob (gamma, generated
 length, prompt length, position in the cache), and throughput and latency against batch size (`bench.batch`).
 
-Outputs: reports/bench/<pair>-<task>-sweep-<kind>.{json,md,png}.
+Outputs: reports/bench/<pair>-<task>-sweep-<kind>.{json,md,png} (`tree`: `sweep-tree-depth<gamma>-top_k<k>`).
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ def run_sweep(params: Params, pair_name: str | None, task: str, kind: str, value
         points.append({kind: value, **{name: {"tokens_per_second": row["tokens_per_second"]["median"],
                                               "peak_memory_mb": row["peak_memory_mb"],
                                               "accepted_per_block": row["mean_accepted_length"]}
-                                       for name, row in res["methods"].items()}})
+                                       for name, row in res["methods"].items()},
+                       "intervals": {k: v for k, v in res["intervals"].items() if v}})
     return _write_sweep(params, pair.name, task, kind, values, methods, points, gamma, max_new, prompts, engine,
                         run_setting(models), split, tree_top_k if kind == "tree" else None)
 
@@ -84,7 +85,9 @@ def _write_sweep(params, pair, task, kind, values, methods, points, gamma, max_n
            **({"tree_top_k": tree_top_k} if tree_top_k else {})}
     if kind == "position" and len(points) > 1:
         out["last_vs_first"] = {m: points[-1][m]["ms_per_token"] / points[0][m]["ms_per_token"] for m in methods}
-    paths = bench_paths(params, pair, task, kind, **engine, **setting, split=split)
+    # a tree sweep's depth and top-k are in its name: sweeps of other shapes sit beside it
+    name = f"{kind}-depth{gamma}-top_k{tree_top_k}" if kind == "tree" else kind
+    paths = bench_paths(params, pair, task, name, **engine, **setting, split=split)
     unit = "ms per token" if kind == "position" else "tokens/s (peak MB; accepted draft tokens per block)"
     lines = [f"# {pair} on {task}: {unit} vs {kind}\n", "| " + kind + " | " + " | ".join(methods) + " |",
              "|---|" + "---|" * len(methods)]
@@ -94,6 +97,14 @@ def _write_sweep(params, pair, task, kind, values, methods, points, gamma, max_n
                  + ("" if p[m].get("accepted_per_block") is None else f"; {p[m]['accepted_per_block']:.2f}") + ")"
                  for m in methods]
         lines.append(f"| {p[kind]} | " + " | ".join(cells) + " |")
+    pairs = sorted({k for p in points for k in p.get("intervals", {})})
+    if pairs:  # the paired per-prompt ratios of each point, with their 95 % intervals (`metrics.speed`)
+        from ..metrics.speed import describe
+
+        lines += ["", f"Paired ratios per {kind} (geometric mean over prompts [95 % CI]):", "",
+                  "| " + kind + " | " + " | ".join(pairs) + " |", "|---|" + "---|" * len(pairs)]
+        lines += [f"| {p[kind]} | " + " | ".join(describe(p["intervals"][k]) if k in p.get("intervals", {}) else "–"
+                                                  for k in pairs) + " |" for p in points]
     write_text(paths["md"], "\n".join(lines) + "\n")
     _sweep_plot(out, paths["png"])
     write_json(paths["json"], out)

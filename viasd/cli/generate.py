@@ -29,7 +29,8 @@ SAMPLING = ("temperature", "top_k", "top_p")
 # the policy options: absent ones keep DecodePolicy's defaults, or with --pair the cell's policy
 POLICY_FLAGS = ("gamma", *SAMPLING, "seed", "max_new_tokens", "tau_accept", "tau_slim", "score", "confidence",
                 "max_lag", "gate", "verify_lagged", "verify_block", "router", "oracle_budget", "cache", "reuse",
-                "compile", "rule", "alpha", "gamma_slim", "draft_stop", "generation_config")
+                "compile", "rule", "alpha", "gamma_slim", "draft_stop", "tree_nodes", "tree_top_k",
+                "generation_config")
 
 
 def _float(text: str) -> float:
@@ -118,6 +119,10 @@ def _add_policy(p) -> None:
     d.add_argument("--draft-stop", type=float, metavar="P",
                    help="dynamic draft length: a block's drafting stops after a token the drafter gave a probability "
                         "below P (0 = off, the default: always --gamma tokens)")
+    d.add_argument("--tree-nodes", type=int, metavar="N",
+                   help="sd: draft a tree of at most N nodes, --gamma deep, verified in one pass (0 = a chain, the "
+                        "default)")
+    d.add_argument("--tree-top-k", type=int, metavar="K", help="sd's tree: children per expanded node (default 4)")
     d.add_argument("--gate", type=float,
                    help="viasd tier 0: a block whose draft gives one of its tokens p < GATE goes straight to the full "
                         "model (0 = off, the default)")
