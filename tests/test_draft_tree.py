@@ -115,7 +115,7 @@ def test_multi_draft_acceptance_emits_the_target_distribution_exactly():
         tree.proposals[ROOT] = p
         for t in torch.multinomial(p, 3, replacement=True, generator=sampler.generator).tolist():
             tree.add(t, ROOT)
-        path, token = accept(tree, lambda v: q_logits, sampler)
+        path, token = accept(tree, q_logits.expand(1 + len(tree), -1), sampler)
         counts[tree.tokens[path[-1]] if path else token] += 1
     assert torch.allclose(counts / draws, torch.tensor([0.5, 0.3, 0.15, 0.05]), atol=0.015)
 

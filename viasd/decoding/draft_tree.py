@@ -36,7 +36,6 @@ Pure library code: tensors in, tensors out.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -64,24 +63,23 @@ class DraftTree:
     depths: list[int] = field(default_factory=list)
     children: dict[int, list[int]] = field(default_factory=dict)
     proposals: dict[int, torch.Tensor] = field(default_factory=dict)
+    paths: list[tuple[int, ...]] = field(default_factory=list)  # each node's path from depth 1, itself last
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def add(self, token: int, parent: int) -> int:
+        node = len(self.tokens)
         self.tokens.append(int(token))
         self.parents.append(parent)
         self.depths.append(1 if parent == ROOT else self.depths[parent] + 1)
-        self.children.setdefault(parent, []).append(len(self.tokens) - 1)
-        return len(self.tokens) - 1
+        self.children.setdefault(parent, []).append(node)
+        self.paths.append((node,) if parent == ROOT else (*self.paths[parent], node))
+        return node
 
     def path(self, node: int) -> list[int]:
         """The nodes from depth 1 down to `node`."""
-        out = []
-        while node != ROOT:
-            out.append(node)
-            node = self.parents[node]
-        return out[::-1]
+        return list(self.paths[node]) if node != ROOT else []
 
     def subtree(self, keep: list[int]) -> tuple[DraftTree, list[int]]:
         """The tree of the nodes `keep` (a set closed under parents), renumbered in creation order; with the
@@ -109,7 +107,7 @@ def allowed_mask(tree: DraftTree, fed: list[int], new: list[int], chain: int = 0
     slot_of = {node: chain + i for i, node in enumerate([*fed, *new])}
     for row, node in enumerate(new, start=chain):
         allowed[row, :chain] = True
-        for a in tree.path(node):
+        for a in tree.paths[node]:
             if a in slot_of:
                 allowed[row, slot_of[a]] = True
     return allowed
@@ -265,14 +263,15 @@ def draft_tree(runner: ModelRunner, ids: torch.Tensor, length: int, depth: int, 
     frontier, rows = [ROOT], root[None]
     for d in range(1, depth + 1):
         born = []
-        for v, logits in zip(frontier, rows):
-            if sampler.greedy:
-                top = torch.topk(torch.log_softmax(logits, dim=-1), top_k)
-                for lp, token in zip(top.values.tolist(), top.indices.tolist()):
+        if sampler.greedy:  # every frontier row's top-k children at once (one host sync per depth)
+            top = torch.topk(torch.log_softmax(rows, dim=-1), top_k)
+            for v, lps, tokens in zip(frontier, top.values.tolist(), top.indices.tolist()):
+                for lp, token in zip(lps, tokens):
                     child = tree.add(token, v)
                     score[child] = score.get(v, 0.0) + lp
                     born.append(child)
-            else:
+        else:  # `top_k` children of each frontier node drawn i.i.d. from its p_v
+            for v, logits in zip(frontier, rows):
                 p = sampler.probs(logits)
                 tree.proposals[v] = p
                 drawn = torch.multinomial(p, top_k, replacement=True, generator=sampler.generator)
@@ -294,19 +293,20 @@ def draft_tree(runner: ModelRunner, ids: torch.Tensor, length: int, depth: int, 
     return Drafted(kept, drafting, old)
 
 
-def accept(tree: DraftTree, q_row: Callable[[int], torch.Tensor], sampler: Sampler) -> tuple[list[int], int]:
+def accept(tree: DraftTree, logits: torch.Tensor, sampler: Sampler) -> tuple[list[int], int]:
     """Walk the verified tree from the root (module docstring): the accepted nodes (a path) and the emitted
-    token. `q_row(v)`: the full model's logits `[V]` after node `v` (`ROOT`: after the committed prefix)."""
+    token. `logits` `[1 + m, V]`: the full model's after the root (row 0) and after each node `j` (row `1 + j`)."""
     path, v = [], ROOT
+    greedy = logits.argmax(-1).tolist() if sampler.greedy else None  # one host sync for the whole walk
     while True:
         kids = tree.children.get(v, [])
         if sampler.greedy:
-            best = int(q_row(v).argmax())
+            best = greedy[v + 1]
             nxt = next((c for c in kids if tree.tokens[c] == best), None)
             if nxt is None:
                 return path, best
         else:
-            r, nxt = sampler.probs(q_row(v)), None
+            r, nxt = sampler.probs(logits[v + 1]), None
             if kids:
                 p = tree.proposals[v]
                 u = sampler.uniform(len(kids), p.device)
@@ -325,15 +325,12 @@ def accept(tree: DraftTree, q_row: Callable[[int], torch.Tensor], sampler: Sampl
 @dataclass
 class Verified:
     """The full model's pass over a tree: `logits` `[1 + m, V]` (row 0 after the root, row `1 + j` after node
-    `j`, processed); with a trunk of its own, the trunk's outputs at the nodes, `hidden` `[1, m, H]` and the
+    `j`, processed; what `accept` walks); with a trunk of its own, the trunk's outputs at the nodes, `hidden` `[1, m, H]` and the
     feature drafter's `features` `[1, m, F*H]` (None without one)."""
 
     logits: torch.Tensor
     hidden: torch.Tensor | None = None
     features: torch.Tensor | None = None
-
-    def row(self, node: int) -> torch.Tensor:
-        return self.logits[node + 1]
 
 
 def _chain_and_nodes(runner: ModelRunner, length: int, tree: DraftTree, dtype) -> tuple[int, dict]:

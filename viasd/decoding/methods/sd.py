@@ -26,7 +26,7 @@ def tree_block(s: Session) -> None:
     drafted = draft_tree(s.draft, s.ids, s.length, s.block_size(), policy.tree_top_k, policy.tree_nodes, s.sampler)
     tree = drafted.tree
     verified = verify_tree(s.target, s.ids, s.length, tree)
-    path, token = accept(tree, verified.row, s.sampler)
+    path, token = accept(tree, verified.logits, s.sampler)
     drafted.close(path)
     commit_path(s.target, s.ids, s.length, tree, path, verified)
     s.stats.blocks += 1
