@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 
 
 def add_bench(sub) -> None:
-    from ..bench.methods import FEATURE_VARIANTS, HF, SELF_VARIANTS, TREE_VARIANTS, VIASD_VARIANTS
+    from ..bench.methods import DEFAULT_TREE, FEATURE_VARIANTS, HF, SELF_VARIANTS, TREE_VARIANTS, VIASD_VARIANTS
     from ..decoding.policy import METHODS
 
     p = stage_parser(sub, "bench", "speed side by side: our methods vs transformers generate / assisted generation",
@@ -51,9 +51,9 @@ def add_bench(sub) -> None:
     p.add_argument("--batch", metavar="B1,B2,...",
                    help="throughput and latency against batch size instead, e.g. 1,2,4,8,16: hf_ar (transformers' batched "
                         "generate), ar, sd and viasd (or --methods) decode the prompts at most B at a time")
-    p.add_argument("--tree-nodes", type=int, default=16,
+    p.add_argument("--tree-nodes", type=int, default=DEFAULT_TREE["tree_nodes"],
                    help="the sd-tree methods: the most draft-tree nodes the full model verifies per block")
-    p.add_argument("--tree-top-k", type=int, default=4,
+    p.add_argument("--tree-top-k", type=int, default=DEFAULT_TREE["tree_top_k"],
                    help="the sd-tree methods: children of each expanded node, and nodes expanded per depth")
     p.add_argument("--tree-depth", type=int,
                    help="the sd-tree methods: the tree's depth (default: --gamma, the chains' block length)")

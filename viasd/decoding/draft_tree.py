@@ -354,14 +354,8 @@ def verify_tree(target, ids: torch.Tensor, length: int, tree: DraftTree) -> Veri
     if isinstance(target, RestRunner):
         trunk = target.trunk
         c, kwargs = _chain_and_nodes(trunk, length, tree, trunk.hidden.dtype)
-        with trunk.timed(c + m):
-            if trunk.capture is not None:
-                trunk.capture.capturing = True
-            try:
-                out = trunk.model(input_ids=torch.cat([ids[:, trunk.cached : length], tokens], dim=1), **kwargs)
-            finally:
-                if trunk.capture is not None:
-                    trunk.capture.capturing = False
+        with trunk.timed(c + m), trunk.capturing():
+            out = trunk.model(input_ids=torch.cat([ids[:, trunk.cached : length], tokens], dim=1), **kwargs)
         trunk.tokens += c + m
         trunk.hidden[:, trunk.cached : length] = out.last_hidden_state[:, :c]
         hidden = out.last_hidden_state[:, c:]

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -196,20 +197,25 @@ class TrunkRunner(ModelRunner):
         """Make `hidden[:, :upto]` (and `features`) current: feed `ids[0, cached:upto]` through the trunk."""
         if self.cached >= upto:
             return
-        with self.timed(upto - self.cached):
-            if self.capture is not None:
-                self.capture.capturing = True
-            try:
-                out = self.model(input_ids=ids[:, self.cached : upto], cache=self.cache, use_cache=True)
-            finally:
-                if self.capture is not None:
-                    self.capture.capturing = False
+        with self.timed(upto - self.cached), self.capturing():
+            out = self.model(input_ids=ids[:, self.cached : upto], cache=self.cache, use_cache=True)
             self.hidden[:, self.cached : upto] = out.last_hidden_state
             if self.capture is not None:  # in a batched decode the hooks saw the whole pass: this row's slice
                 self.features[:, self.cached : upto] = self.capture.take(getattr(out, "batch_slice", None))
         self.tokens += upto - self.cached
         self._fed_since_trim += upto - self.cached
         self.cached = upto
+
+    @contextmanager
+    def capturing(self):
+        """The feature drafter's capture on around a pass of the trunk's own (nothing without a feature drafter)."""
+        if self.capture is not None:
+            self.capture.capturing = True
+        try:
+            yield
+        finally:
+            if self.capture is not None:
+                self.capture.capturing = False
 
     def close(self) -> None:
         """Remove the feature capture's hooks from the target (the end of a decode)."""
